@@ -1,0 +1,38 @@
+# Common tasks. Every target installs what it needs (idempotent, cached in ~/.cache/eop).
+SHELL := /bin/bash
+PY := .venv/bin/python
+CRD := exactlyoncepipelines.exactlyonce.io.yaml
+
+.PHONY: setup crds lint test test-unit test-fast bench clean
+
+## setup: create .venv and install eop with every extra (the dev environment)
+setup: .venv/.installed
+.venv/.installed: pyproject.toml
+	bash devenv/setup.sh
+	touch $@
+
+## crds: regenerate crds/ and charts/eop/crds/ from the pydantic models
+crds: setup
+	.venv/bin/eop crd > crds/$(CRD)
+	mkdir -p charts/eop/crds && cp crds/$(CRD) charts/eop/crds/$(CRD)
+
+## lint: ruff, mypy and the duplicates check
+lint: setup
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check operator spark_apps devenv tests bench
+	.venv/bin/mypy
+
+## test: the whole suite (unit, real Kafka + Spark, real control plane); what CI runs
+test: setup
+	$(PY) -m pytest
+
+## test-unit: seconds, no external components
+test-unit: setup
+	$(PY) -m pytest -m "not kafka and not spark and not kube and not e2e"
+
+## test-fast: everything but the slow chaos tests
+test-fast: setup
+	$(PY) -m pytest -m "not slow"
+
+clean:
+	rm -rf .eop .pytest_cache .mypy_cache .ruff_cache

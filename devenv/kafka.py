@@ -1,0 +1,566 @@
+"""A real single-node Kafka broker (KRaft, combined broker+controller) for tests and humans.
+
+The jars come from Maven Central via ``devenv/fetch-jars.sh`` (cached under
+``$EOP_CACHE/kafka/<KAFKA_VERSION>/libs``). The broker binds 127.0.0.1 only, on free ports, and
+is configured so that transactions work on a single node (replication factor 1 for the internal
+topics, ``transaction.state.log.min.isr=1``). Topics are never auto-created.
+
+Usage::
+
+    with KafkaBroker(work_dir) as broker:
+        broker.create_topic("events", partitions=3)
+        producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+
+For a shell: ``python -m devenv.kafka up --dir /tmp/kafka`` prints the bootstrap servers and
+runs until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from devenv.versions import versions
+
+FETCH_SCRIPT = Path(__file__).with_name("fetch-jars.sh")
+
+#: Main classes of the Kafka CLI tools, for :meth:`KafkaBroker.run_tool`.
+CONSUMER_GROUPS_TOOL = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
+PRODUCER_PERF_TOOL = "org.apache.kafka.tools.ProducerPerformance"
+TOPICS_TOOL = "org.apache.kafka.tools.TopicCommand"
+TRANSACTIONS_TOOL = "org.apache.kafka.tools.TransactionsCommand"
+
+_READY_TOPIC = "__eop_broker_ready"
+_LOG4J2_BROKER = """\
+status = warn
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = OUT
+logger.statechange.name = state.change.logger
+logger.statechange.level = WARN
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+"""
+# Tools print their results on stdout; their own logging goes to stderr, warnings only.
+_LOG4J2_TOOLS = """\
+status = warn
+appender.err.type = Console
+appender.err.name = ERR
+appender.err.target = SYSTEM_ERR
+appender.err.layout.type = PatternLayout
+appender.err.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.err.ref = ERR
+"""
+
+
+class KafkaError(RuntimeError):
+    """The broker could not be fetched, formatted or started, or a tool failed."""
+
+
+def _fetch(what: str) -> Path:
+    """Run ``fetch-jars.sh WHAT`` and return the directory it prints (fetching if needed)."""
+    proc = subprocess.run(
+        ["bash", str(FETCH_SCRIPT), what],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise KafkaError(
+            f"{FETCH_SCRIPT.name} {what} failed (exit {proc.returncode}):\n"
+            f"{proc.stderr[-4000:]}{proc.stdout[-2000:]}"
+        )
+    lines = proc.stdout.strip().splitlines()
+    if not lines:
+        raise KafkaError(f"{FETCH_SCRIPT.name} {what} printed no directory:\n{proc.stderr}")
+    return Path(lines[-1])
+
+
+def kafka_libs() -> Path:
+    """Return the directory of the Kafka broker and tools jars, fetching them if needed."""
+    return _fetch("kafka")
+
+
+def spark_kafka_jars() -> list[Path]:
+    """Return the Spark Kafka connector jars (not shipped by pyspark), fetching them if needed.
+
+    Pass them to Spark as ``spark.jars``: ``",".join(str(j) for j in spark_kafka_jars())``.
+    """
+    jars = sorted(_fetch("spark").glob("*.jar"))
+    if not jars:
+        raise KafkaError("the Spark Kafka connector jar directory is empty")
+    return jars
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _random_cluster_id() -> str:
+    """A Kafka ``Uuid`` as its tools print it: 16 random bytes, URL-safe base64, unpadded."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _tail(path: Path, lines: int = 60) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class KafkaBroker:
+    """One Kafka broker in KRaft combined mode, in ``work_dir``, on free 127.0.0.1 ports.
+
+    The ports are picked at the first :meth:`start` and kept: after :meth:`stop`, a new
+    :meth:`start` brings the same broker (same data, same ``bootstrap_servers``) back.
+    """
+
+    def __init__(
+        self,
+        work_dir: Path | str,
+        *,
+        heap: str = "1g",
+        overrides: Mapping[str, str] | None = None,
+        start_timeout: float = 120.0,
+    ) -> None:
+        """Describe a broker; nothing runs until :meth:`start`.
+
+        ``overrides`` are extra or replacement ``server.properties`` entries.
+        """
+        self.work_dir = Path(work_dir).resolve()
+        self.heap = heap
+        self.overrides = dict(overrides or {})
+        self.start_timeout = start_timeout
+        self._port: int | None = None
+        self._controller_port: int | None = None
+        self._libs: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ready_topic_created = False
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The PLAINTEXT listener's port (known after the first :meth:`start`)."""
+        if self._port is None:
+            raise KafkaError("the broker has not been started")
+        return self._port
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """``"127.0.0.1:PORT"``, for ``bootstrap.servers`` / ``kafka.bootstrap.servers``."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        """The broker's log (stdout and stderr of its JVM, appended across restarts)."""
+        return self.work_dir / "broker.log"
+
+    @property
+    def data_dir(self) -> Path:
+        """The broker's ``log.dirs`` (topic data and KRaft metadata)."""
+        return self.work_dir / "data"
+
+    @property
+    def libs(self) -> Path:
+        """The directory of Kafka jars (fetched on first use)."""
+        if self._libs is None:
+            self._libs = kafka_libs()
+        return self._libs
+
+    @property
+    def running(self) -> bool:
+        """Whether the broker's JVM is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The broker JVM's process id while it runs (e.g. to SIGKILL it in a chaos test)."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    def client_config(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A confluent_kafka config dict for this broker (``bootstrap.servers``) + ``overrides``."""
+        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
+        config.update(overrides or {})
+        return config
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def _server_properties(self) -> dict[str, str]:
+        port, cport = self.port, self._controller_port
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.bootstrap.servers": f"127.0.0.1:{cport}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.data_dir),
+            # Single node: every internal topic with one replica, so transactions work.
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "default.replication.factor": "1",
+            "min.insync.replicas": "1",
+            # Small and explicit for tests.
+            "num.partitions": "1",
+            "auto.create.topics.enable": "false",
+            "group.initial.rebalance.delay.ms": "0",
+            "num.network.threads": "2",
+            "num.io.threads": "4",
+            "num.recovery.threads.per.data.dir": "1",
+            "log.segment.bytes": str(64 * 1024 * 1024),
+        }
+        props.update(self.overrides)
+        return props
+
+    def _java(self, heap: str, log4j2: Path, main_class: str, *args: str) -> list[str]:
+        return [
+            "java",
+            f"-Xmx{heap}",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log4j2}",
+            "-cp",
+            f"{self.libs}/*",
+            main_class,
+            *args,
+        ]
+
+    def _write_configs(self) -> Path:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self._ports_file().write_text(f"{self.port} {self._controller_port}\n")
+        props = self.work_dir / "server.properties"
+        props.write_text("".join(f"{k}={v}\n" for k, v in self._server_properties().items()))
+        (self.work_dir / "log4j2.properties").write_text(_LOG4J2_BROKER)
+        (self.work_dir / "tools-log4j2.properties").write_text(_LOG4J2_TOOLS)
+        return props
+
+    def _format(self, props: Path) -> None:
+        if (self.data_dir / "meta.properties").exists():
+            return  # a restart: keep the data
+        cmd = self._java(
+            "256m",
+            self.work_dir / "tools-log4j2.properties",
+            "kafka.tools.StorageTool",
+            "format",
+            "--config",
+            str(props),
+            "--cluster-id",
+            _random_cluster_id(),
+            "--standalone",
+        )
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
+        if proc.returncode != 0:
+            raise KafkaError(f"formatting {self.data_dir} failed:\n{proc.stdout}{proc.stderr}")
+
+    def start(self) -> Self:
+        """Format (first time only) and start the broker; return once transactions work.
+
+        Raises :class:`KafkaError`, with the tail of the broker log, if it does not come up
+        within ``start_timeout`` seconds.
+        """
+        if self.running:
+            return self
+        if self._port is None and (self.data_dir / "meta.properties").exists():
+            self._load_ports()  # an existing broker dir: same ports, same data
+        fresh = self._port is None
+        attempts = 3 if fresh else 1
+        for attempt in range(attempts):
+            if fresh:
+                self._port = _free_port()
+                self._controller_port = _free_port()
+                while self._controller_port == self._port:
+                    self._controller_port = _free_port()
+            try:
+                self._start_once()
+                return self
+            except KafkaError:
+                bind_race = "Address already in use" in _tail(self.log_path, 200)
+                if not (fresh and bind_race and attempt + 1 < attempts):
+                    raise
+                # Something took a port between probing and binding: new ports, and a fresh
+                # format (the KRaft quorum records the controller's endpoint).
+                shutil.rmtree(self.data_dir, ignore_errors=True)
+        raise AssertionError("unreachable")
+
+    def _ports_file(self) -> Path:
+        return self.work_dir / "ports"
+
+    def _load_ports(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            port, cport = self._ports_file().read_text().split()
+            self._port, self._controller_port = int(port), int(cport)
+
+    def _start_once(self) -> None:
+        libs = self.libs  # fetch before the clock starts
+        props = self._write_configs()
+        self._format(props)
+        started = time.monotonic()
+        with self.log_path.open("ab") as log:
+            log.write(f"\n==== eop: starting broker on {self.bootstrap_servers}\n".encode())
+            log.flush()
+            self._proc = subprocess.Popen(
+                self._java(
+                    self.heap,
+                    self.work_dir / "log4j2.properties",
+                    "kafka.Kafka",
+                    str(props),
+                ),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.work_dir,
+                start_new_session=True,
+                env={**os.environ, "KAFKA_HOME": str(libs.parent)},
+            )
+        try:
+            self._wait_ready(started + self.start_timeout)
+        except BaseException as exc:
+            self._kill()
+            if isinstance(exc, KafkaError):
+                raise KafkaError(
+                    f"{exc}\n--- tail of {self.log_path} ---\n{_tail(self.log_path)}"
+                ) from None
+            raise
+
+    def _wait_ready(self, deadline: float) -> None:
+        """Wait until a transactional producer can commit on the broker."""
+        last_error = "the listener never accepted a connection"
+        while time.monotonic() < deadline:
+            if not self.running:
+                code = self._proc.returncode if self._proc else None
+                raise KafkaError(f"the broker exited during startup (exit code {code})")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    pass
+            except OSError:
+                time.sleep(0.2)
+                continue
+            try:
+                self._probe_transactions(deadline)
+                return
+            except KafkaError as exc:  # anything else is a bug: raise it at once
+                last_error = str(exc)
+                time.sleep(0.5)
+        raise KafkaError(
+            f"the broker was not ready within {self.start_timeout:.0f}s: {last_error}"
+        )
+
+    def _probe_transactions(self, deadline: float) -> None:
+        from confluent_kafka import KafkaException, Producer
+
+        if not self._ready_topic_created:
+            self.create_topic(
+                _READY_TOPIC, 1, exist_ok=True, timeout=max(1.0, deadline - time.monotonic())
+            )
+            self._ready_topic_created = True
+        timeout = min(max(1.0, deadline - time.monotonic()), 30.0)
+        producer = Producer(
+            self.client_config(
+                {
+                    "transactional.id": f"eop-ready-{uuid.uuid4().hex[:8]}",
+                    "transaction.timeout.ms": 60000,
+                    "log_level": 3,
+                }
+            )
+        )
+        try:
+            producer.init_transactions(timeout)
+            producer.begin_transaction()
+            producer.produce(_READY_TOPIC, b"ready")
+            producer.commit_transaction(timeout)
+        except KafkaException as exc:
+            raise KafkaError(f"transactional probe failed: {exc}") from exc
+        finally:
+            producer.close()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the broker: SIGTERM (controlled shutdown), then SIGKILL after ``timeout``."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._kill()
+        self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the broker (a crash: no controlled shutdown). :meth:`start` restarts it."""
+        self._kill()
+        self._proc = None
+
+    def _kill(self) -> None:
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait(30)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        *,
+        config: Mapping[str, str] | None = None,
+        exist_ok: bool = False,
+        timeout: float = 30.0,
+    ) -> None:
+        """Create a topic (replication factor 1) and wait until all its partitions have leaders.
+
+        Raises :class:`KafkaError` if it exists already, unless ``exist_ok``.
+        """
+        from confluent_kafka import KafkaError as ClientError
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient(self.client_config())
+        futures = admin.create_topics(
+            [NewTopic(name, partitions, 1, config=dict(config or {}))],
+            operation_timeout=timeout,
+            request_timeout=timeout,
+        )
+        try:
+            futures[name].result(timeout)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not (exist_ok and err.code() == ClientError.TOPIC_ALREADY_EXISTS):
+                raise KafkaError(f"creating topic {name!r} failed: {err}") from exc
+        deadline = time.monotonic() + timeout
+        while True:
+            meta = admin.list_topics(name, timeout=max(1.0, deadline - time.monotonic()))
+            topic = meta.topics.get(name)
+            if (
+                topic is not None
+                and topic.error is None
+                and len(topic.partitions) >= partitions
+                and all(p.leader >= 0 for p in topic.partitions.values())
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise KafkaError(f"topic {name!r} has no leaders after {timeout}s")
+            time.sleep(0.1)
+
+    def run_tool(
+        self,
+        main_class: str,
+        *args: str,
+        timeout: float = 120.0,
+        check: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a Kafka CLI tool class (``java -cp libs/* MAIN_CLASS ARGS``) and return its result.
+
+        E.g. ``run_tool(CONSUMER_GROUPS_TOOL, "--bootstrap-server", b.bootstrap_servers,
+        "--describe", "--group", "g")``. Pass ``--bootstrap-server`` yourself. Output is text;
+        the tool's logging (warnings only) goes to stderr. With ``check``, a non-zero exit raises
+        :class:`KafkaError`.
+        """
+        log4j2 = self.work_dir / "tools-log4j2.properties"
+        if not log4j2.exists():
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+            log4j2.write_text(_LOG4J2_TOOLS)
+        proc = subprocess.run(
+            self._java("512m", log4j2, main_class, *args),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+        if check and proc.returncode != 0:
+            raise KafkaError(
+                f"{main_class} {' '.join(args)} exited {proc.returncode}:\n"
+                f"{proc.stdout}{proc.stderr}"
+            )
+        return proc
+
+
+def _up(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m devenv.kafka")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start a broker and run until SIGINT/SIGTERM")
+    up.add_argument("--dir", required=True, type=Path, help="work dir (config, data, log)")
+    up.add_argument("--heap", default="1g", help="broker JVM max heap (default 1g)")
+    sub.add_parser("jars", help="fetch the jars and print the Spark connector jar paths")
+    args = parser.parse_args(argv)
+
+    if args.command == "jars":
+        print(kafka_libs())
+        for jar in spark_kafka_jars():
+            print(jar)
+        return 0
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    started = time.monotonic()
+    broker = KafkaBroker(args.dir, heap=args.heap).start()
+    try:
+        print(
+            f"Kafka {versions()['KAFKA_VERSION']} up in {time.monotonic() - started:.1f}s\n"
+            f"bootstrap servers: {broker.bootstrap_servers}\n"
+            f"log: {broker.log_path}\n"
+            "Ctrl-C to stop.",
+            flush=True,
+        )
+        while not stop.wait(1.0):
+            if not broker.running:
+                print(f"the broker exited; see {broker.log_path}", file=sys.stderr)
+                return 1
+    finally:
+        broker.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line entry point: ``python -m devenv.kafka up --dir DIR``."""
+    return _up(sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

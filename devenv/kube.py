@@ -1,0 +1,771 @@
+"""A real, local Kubernetes control plane for tests and humans.
+
+Runs etcd, kube-apiserver and kube-controller-manager (optionally kube-scheduler) as
+plain processes bound to 127.0.0.1 on free ports, with certificates made by the
+``openssl`` CLI. The binaries are built from Go modules by ``devenv/build-kube.sh``
+(see :func:`build_binaries`); their versions come from ``devenv/versions.env``.
+
+Typical use::
+
+    with ControlPlane(tmp_path / "kube") as cp:
+        cp.kubectl("get", "namespaces", check=True)
+        sa_config = cp.service_account_kubeconfig("default", "robot", create=True)
+
+From a shell: ``python -m devenv.kube up --dir /tmp/eop-kube`` (foreground; Ctrl-C stops).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import base64
+import contextlib
+import ctypes
+import ipaddress
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import IO, Self
+
+from devenv.versions import cache_root, versions
+
+__all__ = [
+    "BUILD_SCRIPT",
+    "ControlPlane",
+    "ControlPlaneError",
+    "KubeBinaries",
+    "build_binaries",
+    "main",
+]
+
+BUILD_SCRIPT = Path(__file__).with_name("build-kube.sh")
+
+#: Only an allocation range for ClusterIPs: nothing listens or routes there.
+DEFAULT_SERVICE_CIDR = "10.0.0.0/24"
+
+_LOOPBACK = "127.0.0.1"
+
+
+class ControlPlaneError(RuntimeError):
+    """A control-plane component failed to build, start or answer in time."""
+
+
+@dataclass(frozen=True)
+class KubeBinaries:
+    """Paths of the binaries built by ``devenv/build-kube.sh``."""
+
+    kube_apiserver: Path
+    kube_controller_manager: Path
+    kube_scheduler: Path
+    kubelet: Path
+    kubectl: Path
+    etcd: Path
+    helm: Path
+
+    @classmethod
+    def from_cache(cls, root: Path | None = None) -> KubeBinaries:
+        """Binaries for the versions pinned in ``versions.env`` under the cache ``root``."""
+        root = cache_root() if root is None else root
+        pinned = versions()
+        kube = root / "kube" / pinned["KUBERNETES_VERSION"] / "bin"
+        return cls(
+            kube_apiserver=kube / "kube-apiserver",
+            kube_controller_manager=kube / "kube-controller-manager",
+            kube_scheduler=kube / "kube-scheduler",
+            kubelet=kube / "kubelet",
+            kubectl=kube / "kubectl",
+            etcd=root / "etcd" / pinned["ETCD_VERSION"] / "bin" / "etcd",
+            helm=root / "helm" / pinned["HELM_VERSION"] / "bin" / "helm",
+        )
+
+    def missing(self) -> list[Path]:
+        """The binaries that do not exist (yet)."""
+        return [p for p in vars(self).values() if not os.access(p, os.X_OK)]
+
+
+def build_binaries(components: Sequence[str] = (), *, quiet: bool = False) -> KubeBinaries:
+    """Run ``devenv/build-kube.sh`` (a fast no-op when everything is cached).
+
+    ``components`` are names the script accepts (default: all). With ``quiet`` the
+    script's output is captured and only shown in the error when the build fails.
+    """
+    cmd = ["bash", str(BUILD_SCRIPT), *components]
+    if quiet:
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise ControlPlaneError(
+                f"{BUILD_SCRIPT.name} failed ({result.returncode}):\n"
+                + _tail_text(result.stdout + result.stderr, 60)
+            )
+    else:
+        code = subprocess.run(cmd, check=False).returncode
+        if code != 0:
+            raise ControlPlaneError(f"{BUILD_SCRIPT.name} failed ({code})")
+    return KubeBinaries.from_cache()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((_LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def _tail_text(text: str, lines: int) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _tail_file(path: Path, lines: int = 40) -> str:
+    try:
+        return _tail_text(path.read_text(errors="replace"), lines)
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
+def _die_with_parent() -> None:
+    """``preexec_fn``: SIGTERM the child when the thread that started it exits (Linux)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    result = subprocess.run(
+        ["openssl", *args], cwd=cwd, capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise ControlPlaneError(f"openssl {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
+
+
+@dataclass
+class _Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    log_file: IO[bytes]
+
+
+class ControlPlane:
+    """etcd + kube-apiserver + kube-controller-manager on 127.0.0.1, for tests.
+
+    Everything lives in ``work_dir``: ``pki/`` (certificates), ``etcd-data/``,
+    ``logs/<component>.log``, ``admin.kubeconfig`` and ``kubeconfigs/``. Certificates
+    and etcd data are reused when the directory is started again; ports are new.
+    """
+
+    def __init__(
+        self,
+        work_dir: Path | str,
+        *,
+        binaries: KubeBinaries | None = None,
+        scheduler: bool = False,
+        service_cidr: str = DEFAULT_SERVICE_CIDR,
+        start_timeout: float = 180.0,
+        extra_apiserver_args: Sequence[str] = (),
+        extra_controller_manager_args: Sequence[str] = (),
+    ) -> None:
+        """Configure (but do not start) a control plane in ``work_dir``.
+
+        ``scheduler`` also runs kube-scheduler (only useful with a kubelet).
+        ``extra_*_args`` are appended to the component's command line.
+        """
+        self.work_dir = Path(work_dir).resolve()
+        self.binaries = binaries if binaries is not None else KubeBinaries.from_cache()
+        self.with_scheduler = scheduler
+        self.service_cidr = service_cidr
+        self.start_timeout = start_timeout
+        self.extra_apiserver_args = list(extra_apiserver_args)
+        self.extra_controller_manager_args = list(extra_controller_manager_args)
+        self.pki_dir = self.work_dir / "pki"
+        self.log_dir = self.work_dir / "logs"
+        self.etcd_data_dir = self.work_dir / "etcd-data"
+        self.kubeconfig = self.work_dir / "admin.kubeconfig"
+        self.etcd_port = 0
+        self.apiserver_port = 0
+        self.controller_manager_port = 0
+        self.scheduler_port = 0
+        self.start_seconds = 0.0
+        self._procs: list[_Proc] = []
+        self._atexit_registered = False
+
+    # ------------------------------------------------------------------ paths
+
+    @property
+    def server(self) -> str:
+        """The apiserver URL, e.g. ``https://127.0.0.1:41234``."""
+        return f"https://{_LOOPBACK}:{self.apiserver_port}"
+
+    @property
+    def etcd_endpoint(self) -> str:
+        """The etcd client URL (plain HTTP on loopback)."""
+        return f"http://{_LOOPBACK}:{self.etcd_port}"
+
+    @property
+    def ca_cert(self) -> Path:
+        """The cluster CA certificate (PEM); it signs every serving and client cert."""
+        return self.pki_dir / "ca.crt"
+
+    @property
+    def kubectl_path(self) -> Path:
+        """The kubectl binary."""
+        return self.binaries.kubectl
+
+    @property
+    def helm_path(self) -> Path:
+        """The helm binary."""
+        return self.binaries.helm
+
+    def log_path(self, component: str) -> Path:
+        """Log file of ``component`` (``etcd``, ``kube-apiserver``, ...)."""
+        return self.log_dir / f"{component}.log"
+
+    @property
+    def running(self) -> bool:
+        """True while every started component is alive."""
+        return bool(self._procs) and all(p.popen.poll() is None for p in self._procs)
+
+    # -------------------------------------------------------------- lifecycle
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> Self:
+        """Generate certificates, start the components and wait until usable.
+
+        Returns once ``/readyz`` is OK and the ``default`` namespace and its
+        ``default`` ServiceAccount exist. Raises :class:`ControlPlaneError` (with the
+        tail of the failing component's log) on failure; nothing is left running.
+        """
+        if self._procs:
+            raise ControlPlaneError("control plane already started")
+        missing = self.binaries.missing()
+        needed = [
+            self.binaries.etcd,
+            self.binaries.kube_apiserver,
+            self.binaries.kube_controller_manager,
+            self.binaries.kubectl,
+        ]
+        if self.with_scheduler:
+            needed.append(self.binaries.kube_scheduler)
+        if absent := [p for p in needed if p in missing]:
+            raise ControlPlaneError(
+                f"missing binaries {[str(p) for p in absent]}; run {BUILD_SCRIPT}"
+            )
+        began = time.monotonic()
+        deadline = began + self.start_timeout
+        for d in (self.work_dir, self.pki_dir, self.log_dir, self.work_dir / "kubeconfigs"):
+            d.mkdir(parents=True, exist_ok=True)
+        if not self._atexit_registered:
+            atexit.register(self.stop)
+            self._atexit_registered = True
+        try:
+            self._make_pki()
+            self._start_etcd(deadline)
+            self._start_apiserver(deadline)
+            self._start_controller_manager(deadline)
+            if self.with_scheduler:
+                self._start_scheduler(deadline)
+            self._wait_api_object("/api/v1/namespaces/default", deadline, "kube-apiserver")
+            self._wait_api_object(
+                "/api/v1/namespaces/default/serviceaccounts/default",
+                deadline,
+                "kube-controller-manager",
+            )
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - began
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Terminate all components (SIGTERM, then SIGKILL), newest first. Idempotent."""
+        while self._procs:
+            proc = self._procs.pop()
+            if proc.popen.poll() is None:
+                proc.popen.terminate()
+                try:
+                    proc.popen.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    proc.popen.kill()
+                    proc.popen.wait()
+            proc.log_file.close()
+        if self._atexit_registered:
+            atexit.unregister(self.stop)
+            self._atexit_registered = False
+
+    # ---------------------------------------------------------------- helpers
+
+    def kubectl(
+        self,
+        *args: str,
+        check: bool = False,
+        input: str | None = None,
+        kubeconfig: Path | str | None = None,
+        timeout: float | None = 120.0,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run kubectl (admin kubeconfig unless ``kubeconfig``); output is captured text.
+
+        With ``check`` a non-zero exit raises :class:`subprocess.CalledProcessError`.
+        """
+        config = str(kubeconfig if kubeconfig is not None else self.kubeconfig)
+        return subprocess.run(
+            [str(self.binaries.kubectl), f"--kubeconfig={config}", *args],
+            capture_output=True,
+            text=True,
+            input=input,
+            check=check,
+            timeout=timeout,
+            env=self.env(config),
+        )
+
+    def helm(
+        self,
+        *args: str,
+        check: bool = False,
+        kubeconfig: Path | str | None = None,
+        timeout: float | None = 600.0,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run helm against this cluster, with its cache/config/data dirs in the work dir."""
+        config = str(kubeconfig if kubeconfig is not None else self.kubeconfig)
+        env = self.env(config)
+        helm_home = self.work_dir / "helm"
+        for kind in ("CACHE", "CONFIG", "DATA"):
+            env[f"HELM_{kind}_HOME"] = str(helm_home / kind.lower())
+        return subprocess.run(
+            [str(self.binaries.helm), f"--kubeconfig={config}", *args],
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=timeout,
+            env=env,
+        )
+
+    def env(self, kubeconfig: Path | str | None = None) -> dict[str, str]:
+        """``os.environ`` plus ``KUBECONFIG`` (admin unless given) and kubectl on PATH."""
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(kubeconfig if kubeconfig is not None else self.kubeconfig)
+        env["PATH"] = f"{self.binaries.kubectl.parent}{os.pathsep}{env.get('PATH', '')}"
+        return env
+
+    def service_account_kubeconfig(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        path: Path | str | None = None,
+        duration_seconds: int = 86400,
+        create: bool = False,
+    ) -> Path:
+        """Write a kubeconfig that authenticates as ServiceAccount ``namespace/name``.
+
+        The token comes from the TokenRequest API (``kubectl create token``), so the
+        holder has exactly the permissions RBAC grants that ServiceAccount. With
+        ``create`` the namespace and ServiceAccount are created when missing.
+        Returns the kubeconfig path (default ``kubeconfigs/sa-<ns>-<name>.kubeconfig``).
+        """
+        if create:
+            self._apply(
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+                {
+                    "apiVersion": "v1",
+                    "kind": "ServiceAccount",
+                    "metadata": {"name": name, "namespace": namespace},
+                },
+            )
+        result = self.kubectl(
+            "create", "token", name, "-n", namespace, f"--duration={duration_seconds}s"
+        )
+        if result.returncode != 0:
+            raise ControlPlaneError(
+                f"kubectl create token {namespace}/{name} failed: {result.stderr.strip()}"
+            )
+        token = result.stdout.strip()
+        target = (
+            Path(path)
+            if path is not None
+            else self.work_dir / "kubeconfigs" / f"sa-{namespace}-{name}.kubeconfig"
+        )
+        user = f"system:serviceaccount:{namespace}:{name}"
+        self._write_kubeconfig(target, user, {"token": token}, namespace=namespace)
+        return target
+
+    # ------------------------------------------------------------------- PKI
+
+    def _make_pki(self) -> None:
+        pki = self.pki_dir
+        if not (pki / "ca.crt").exists():
+            _openssl(
+                "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "3650",
+                "-subj", "/CN=eop-test-ca",
+                "-addext", "basicConstraints=critical,CA:TRUE",
+                "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
+                cwd=pki,
+            )  # fmt: skip
+        first_service_ip = next(ipaddress.ip_network(self.service_cidr).hosts())
+        sans = ",".join(
+            [
+                f"IP:{_LOOPBACK}",
+                "IP:::1",
+                f"IP:{first_service_ip}",
+                "DNS:localhost",
+                "DNS:kubernetes",
+                "DNS:kubernetes.default",
+                "DNS:kubernetes.default.svc",
+                "DNS:kubernetes.default.svc.cluster.local",
+            ]
+        )
+        self._leaf("apiserver", "/CN=kube-apiserver", "serverAuth", sans)
+        self._leaf("admin", "/O=system:masters/CN=eop-admin", "clientAuth")
+        self._leaf(
+            "apiserver-kubelet-client",
+            "/O=system:masters/CN=kube-apiserver-kubelet-client",
+            "clientAuth",
+        )
+        self._leaf("controller-manager", "/CN=system:kube-controller-manager", "clientAuth")
+        self._leaf("scheduler", "/CN=system:kube-scheduler", "clientAuth")
+        if not (pki / "sa.key").exists():
+            _openssl(
+                "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
+                "-out", "sa.key", cwd=pki,
+            )  # fmt: skip
+            _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+
+    def _leaf(self, name: str, subject: str, usage: str, sans: str | None = None) -> None:
+        pki = self.pki_dir
+        if (pki / f"{name}.crt").exists():
+            return
+        ext = pki / f"{name}.ext"
+        lines = [
+            "basicConstraints=critical,CA:FALSE",
+            "keyUsage=critical,digitalSignature,keyEncipherment",
+            f"extendedKeyUsage={usage}",
+        ]
+        if sans:
+            lines.append(f"subjectAltName={sans}")
+        ext.write_text("\n".join(lines) + "\n")
+        _openssl(
+            "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject, cwd=pki,
+        )  # fmt: skip
+        _openssl(
+            "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-days", "3650", "-extfile", ext.name,
+            "-out", f"{name}.crt", cwd=pki,
+        )  # fmt: skip
+        (pki / f"{name}.csr").unlink()
+
+    def _write_kubeconfig(
+        self,
+        path: Path,
+        user: str,
+        credentials: Mapping[str, str],
+        *,
+        namespace: str = "default",
+    ) -> None:
+        """Write a self-contained kubeconfig (JSON, which is valid YAML)."""
+        ca_data = base64.b64encode(self.ca_cert.read_bytes()).decode()
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "eop",
+                    "cluster": {"server": self.server, "certificate-authority-data": ca_data},
+                }
+            ],
+            "users": [{"name": user, "user": dict(credentials)}],
+            "contexts": [
+                {
+                    "name": "eop",
+                    "context": {"cluster": "eop", "user": user, "namespace": namespace},
+                }
+            ],
+            "current-context": "eop",
+            "preferences": {},
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(config, indent=2) + "\n")
+        tmp.chmod(0o600)
+        tmp.replace(path)
+
+    def _cert_kubeconfig(self, name: str, user: str) -> Path:
+        path = self.work_dir / "kubeconfigs" / f"{name}.kubeconfig"
+        self._write_kubeconfig(
+            path,
+            user,
+            {
+                "client-certificate-data": base64.b64encode(
+                    (self.pki_dir / f"{name}.crt").read_bytes()
+                ).decode(),
+                "client-key-data": base64.b64encode(
+                    (self.pki_dir / f"{name}.key").read_bytes()
+                ).decode(),
+            },
+        )
+        return path
+
+    # ------------------------------------------------------------- processes
+
+    def _spawn(self, name: str, argv: Sequence[str]) -> _Proc:
+        log = self.log_path(name)
+        log_file = log.open("ab")
+        log_file.write(f"\n==== {time.strftime('%F %T')} {' '.join(argv)}\n".encode())
+        log_file.flush()
+        popen = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=self.work_dir,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        proc = _Proc(name, popen, log, log_file)
+        self._procs.append(proc)
+        return proc
+
+    def _fail(self, proc: _Proc, what: str) -> ControlPlaneError:
+        code = proc.popen.poll()
+        state = "running" if code is None else f"exited with {code}"
+        return ControlPlaneError(
+            f"{proc.name} {what} ({state}); last lines of {proc.log}:\n{_tail_file(proc.log)}"
+        )
+
+    def _wait(self, proc: _Proc, probe: str, deadline: float) -> None:
+        """Poll ``probe`` (a URL path on the component) until it answers 200 OK."""
+        last = ""
+        while time.monotonic() < deadline:
+            if proc.popen.poll() is not None:
+                raise self._fail(proc, "exited during start-up")
+            status, body = self._get(probe)
+            if status == 200:
+                return
+            last = f"{status} {body[:300]!r}"
+            time.sleep(0.2)
+        raise self._fail(proc, f"not ready after {self.start_timeout:.0f}s: {probe} -> {last}")
+
+    def _start_etcd(self, deadline: float) -> None:
+        self.etcd_port = _free_port()
+        peer_port = _free_port()
+        client = f"http://{_LOOPBACK}:{self.etcd_port}"
+        peer = f"http://{_LOOPBACK}:{peer_port}"
+        new = not (self.etcd_data_dir / "member").exists()
+        proc = self._spawn(
+            "etcd",
+            [
+                str(self.binaries.etcd),
+                "--name=eop",
+                f"--data-dir={self.etcd_data_dir}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=eop={peer}",
+                f"--initial-cluster-state={'new' if new else 'existing'}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+        self._wait(proc, f"{client}/health", deadline)
+
+    def _start_apiserver(self, deadline: float) -> None:
+        self.apiserver_port = _free_port()
+        pki = self.pki_dir
+        proc = self._spawn(
+            "kube-apiserver",
+            [
+                str(self.binaries.kube_apiserver),
+                f"--etcd-servers={self.etcd_endpoint}",
+                f"--bind-address={_LOOPBACK}",
+                f"--advertise-address={_LOOPBACK}",
+                f"--secure-port={self.apiserver_port}",
+                f"--cert-dir={pki}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+                "--authorization-mode=Node,RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                f"--service-cluster-ip-range={self.service_cidr}",
+                # Aggregated APIs are reached via their endpoints, not ClusterIPs.
+                "--enable-aggregator-routing=true",
+                "--allow-privileged=true",
+                "--profiling=false",
+                *self.extra_apiserver_args,
+            ],
+        )
+        self._write_kubeconfig(
+            self.kubeconfig,
+            "eop-admin",
+            {
+                "client-certificate-data": base64.b64encode(
+                    (pki / "admin.crt").read_bytes()
+                ).decode(),
+                "client-key-data": base64.b64encode((pki / "admin.key").read_bytes()).decode(),
+            },
+        )
+        self._wait(proc, f"{self.server}/readyz", deadline)
+
+    def _start_controller_manager(self, deadline: float) -> None:
+        self.controller_manager_port = _free_port()
+        config = self._cert_kubeconfig("controller-manager", "system:kube-controller-manager")
+        pki = self.pki_dir
+        proc = self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.binaries.kube_controller_manager),
+                f"--kubeconfig={config}",
+                f"--authentication-kubeconfig={config}",
+                f"--authorization-kubeconfig={config}",
+                f"--bind-address={_LOOPBACK}",
+                f"--secure-port={self.controller_manager_port}",
+                f"--cert-dir={self.work_dir / 'controller-manager-certs'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                f"--cluster-signing-key-file={pki / 'ca.key'}",
+                f"--service-cluster-ip-range={self.service_cidr}",
+                "--use-service-account-credentials=true",
+                "--controllers=*",
+                "--leader-elect=false",
+                "--profiling=false",
+                *self.extra_controller_manager_args,
+            ],
+        )
+        self._wait(proc, f"https://{_LOOPBACK}:{self.controller_manager_port}/healthz", deadline)
+
+    def _start_scheduler(self, deadline: float) -> None:
+        self.scheduler_port = _free_port()
+        config = self._cert_kubeconfig("scheduler", "system:kube-scheduler")
+        proc = self._spawn(
+            "kube-scheduler",
+            [
+                str(self.binaries.kube_scheduler),
+                f"--kubeconfig={config}",
+                f"--authentication-kubeconfig={config}",
+                f"--authorization-kubeconfig={config}",
+                f"--bind-address={_LOOPBACK}",
+                f"--secure-port={self.scheduler_port}",
+                "--leader-elect=false",
+                "--profiling=false",
+            ],
+        )
+        self._wait(proc, f"https://{_LOOPBACK}:{self.scheduler_port}/healthz", deadline)
+
+    def _wait_api_object(self, path: str, deadline: float, blame: str) -> None:
+        proc = next(p for p in self._procs if p.name == blame)
+        apiserver = next(p for p in self._procs if p.name == "kube-apiserver")
+        last = ""
+        while time.monotonic() < deadline:
+            for p in (apiserver, proc):
+                if p.popen.poll() is not None:
+                    raise self._fail(p, "exited during start-up")
+            status, body = self._get(self.server + path)
+            if status == 200:
+                return
+            last = f"{status} {body[:300]!r}"
+            time.sleep(0.2)
+        raise self._fail(proc, f"{path} missing after {self.start_timeout:.0f}s: {last}")
+
+    def _get(self, url: str) -> tuple[int, str]:
+        """GET ``url``; the apiserver is verified and sees the admin client cert."""
+        if url.startswith(self.server):
+            ctx = ssl.create_default_context(cafile=str(self.ca_cert))
+            ctx.load_cert_chain(self.pki_dir / "admin.crt", self.pki_dir / "admin.key")
+        else:  # controller-manager/scheduler: self-signed serving certs, /healthz only
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        try:
+            with urllib.request.urlopen(url, timeout=5, context=ctx) as resp:
+                return int(resp.status), resp.read().decode(errors="replace")
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")
+        except (OSError, ssl.SSLError) as exc:
+            return 0, str(exc)
+
+    def _apply(self, *objects: Mapping[str, object]) -> None:
+        manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)})
+        result = self.kubectl("apply", "-f", "-", input=manifest)
+        if result.returncode != 0:
+            raise ControlPlaneError(f"kubectl apply failed: {result.stderr.strip()}")
+
+
+# -------------------------------------------------------------------- CLI
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m devenv.kube up --dir DIR``: run a control plane in the foreground."""
+    parser = argparse.ArgumentParser(prog="python -m devenv.kube", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start a control plane; stop with Ctrl-C / SIGTERM")
+    up.add_argument("--dir", required=True, type=Path, help="work dir (certs, data, logs)")
+    up.add_argument("--no-build", action="store_true", help="do not run build-kube.sh")
+    up.add_argument("--scheduler", action="store_true", help="also run kube-scheduler")
+    sub.add_parser("build", help="build the binaries (devenv/build-kube.sh)")
+    args = parser.parse_args(argv)
+
+    if args.command == "build":
+        build_binaries()
+        return 0
+
+    binaries = KubeBinaries.from_cache() if args.no_build else build_binaries()
+    stopping = False
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    cp = ControlPlane(args.dir, binaries=binaries, scheduler=args.scheduler)
+    try:
+        cp.start()
+    except ControlPlaneError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        print(f"control plane up in {cp.start_seconds:.1f}s: {cp.server}", file=sys.stderr)
+        print(f"logs: {cp.log_dir}", file=sys.stderr)
+        print(f"kubectl: {cp.kubectl_path}", file=sys.stderr)
+        print(f"export KUBECONFIG={cp.kubeconfig}", file=sys.stderr)
+        print(cp.kubeconfig, flush=True)
+        while not stopping:
+            if not cp.running:
+                dead = [p.name for p in cp._procs if p.popen.poll() is not None]
+                print(f"error: component(s) exited: {dead}; see {cp.log_dir}", file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+        print("stopping ...", file=sys.stderr)
+        return 0
+    finally:
+        cp.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

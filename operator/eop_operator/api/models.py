@@ -1,0 +1,311 @@
+"""The ExactlyOncePipeline API (v1alpha1): the single source of the CRD schema.
+
+The data-plane parts (source, transform, sink, trigger, spark) come from
+``eop_spark.spec``; this module adds what only the operator needs.  The CRD in
+``crds/`` is generated from these models (``eop crd``) and never edited.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from eop_spark.spec import (
+    CEL_RULES_KEY,
+    SinkSpec,
+    SourceSpec,
+    SparkSpec,
+    SpecModel,
+    TransformSpec,
+    TriggerSpec,
+)
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from eop_operator import API_VERSION, KIND
+
+#: Kubernetes resource quantities such as 10Gi, 500Mi.
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
+#: Children get suffixes such as ``-driver-0`` and a controller-revision-hash label, so
+#: the pipeline name must leave room within the 63-character label-value limit.
+MAX_NAME_LENGTH = 42
+
+#: Free-form Kubernetes objects (tolerations, env, volumes) kept as the API server sees them.
+KubeObject = dict[str, Any]
+
+
+class PullPolicy(StrEnum):
+    """Container image pull policy."""
+
+    ALWAYS = "Always"
+    IF_NOT_PRESENT = "IfNotPresent"
+    NEVER = "Never"
+
+
+class AccessMode(StrEnum):
+    """PersistentVolumeClaim access modes."""
+
+    READ_WRITE_ONCE = "ReadWriteOnce"
+    READ_WRITE_ONCE_POD = "ReadWriteOncePod"
+    READ_WRITE_MANY = "ReadWriteMany"
+
+
+class Retention(StrEnum):
+    """What happens to the checkpoint when the pipeline is deleted."""
+
+    RETAIN = "Retain"
+    DELETE = "Delete"
+
+
+class CheckpointVolume(SpecModel):
+    """A PersistentVolumeClaim created for the checkpoint."""
+
+    size: str = Field(default="1Gi", pattern=QUANTITY_PATTERN, description="Requested storage.")
+    storage_class_name: str | None = Field(
+        default=None, description="StorageClass; the cluster default when unset."
+    )
+    access_modes: list[AccessMode] = Field(
+        default_factory=lambda: [AccessMode.READ_WRITE_ONCE],
+        min_length=1,
+        max_length=3,
+        description="Access modes of the claim.",
+    )
+
+
+_URI_KEEPS_RULE = "!has(self.uri) || !has(self.retention) || self.retention == 'Retain'"
+_URI_KEEPS_MESSAGE = "retention Delete needs checkpoint.volume: eop does not delete object storage"
+
+
+class CheckpointSpec(SpecModel):
+    """Where the Spark checkpoint lives: a volume (default) or object storage."""
+
+    at_most_one_of = (("volume", "uri"),)
+
+    volume: CheckpointVolume | None = Field(
+        default=None, description="A PersistentVolumeClaim (the default when uri is unset)."
+    )
+    uri: str | None = Field(
+        default=None,
+        pattern=r"^[a-z][a-z0-9+.-]*://.+$",
+        description="Object storage URI such as s3a://bucket/prefix (Hadoop filesystem).",
+    )
+    retention: Retention = Field(
+        default=Retention.RETAIN,
+        description="On delete: Retain keeps the checkpoint volume, Delete removes it.",
+    )
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
+        schema = super().__get_pydantic_json_schema__(core_schema, handler)
+        schema.setdefault(CEL_RULES_KEY, []).append(
+            {"rule": _URI_KEEPS_RULE, "message": _URI_KEEPS_MESSAGE}
+        )
+        return schema
+
+    @model_validator(mode="after")
+    def _uri_keeps(self) -> CheckpointSpec:
+        # The CEL rule above, for ``eop run`` and ``eop render``.
+        if self.uri is not None and self.retention is Retention.DELETE:
+            raise ValueError(_URI_KEEPS_MESSAGE)
+        return self
+
+    @property
+    def claim(self) -> CheckpointVolume | None:
+        """The volume to claim, or None when the checkpoint lives at a URI."""
+        if self.uri is not None:
+            return None
+        return self.volume or CheckpointVolume()
+
+
+class Transactions(SpecModel):
+    """Kafka transactional identity of the pipeline's sink producers."""
+
+    id_prefix: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="Transactional id prefix; defaults to eop.<namespace>.<name>. Immutable: "
+        "changing it would break the fencing of older producers.",
+    )
+
+
+class UpgradeMode(StrEnum):
+    """How a restart-worthy change is rolled out (see docs/lifecycle.md)."""
+
+    LAST_STATE = "last-state"
+    COMMITTED_OFFSETS = "committed-offsets"
+    STATELESS = "stateless"
+
+
+class UpgradeSpec(SpecModel):
+    """How spec changes that need a driver restart are applied."""
+
+    mode: UpgradeMode = Field(
+        default=UpgradeMode.LAST_STATE,
+        description="last-state resumes the checkpoint; committed-offsets starts a new checkpoint "
+        "generation from the progress group; stateless reprocesses from startingOffsets.",
+    )
+
+
+class RestartPolicy(StrEnum):
+    """Whether a driver that exits is started again."""
+
+    ALWAYS = "Always"
+    NEVER = "Never"
+
+
+class DriverSpec(SpecModel):
+    """Overrides for the driver pod."""
+
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
+    tolerations: list[KubeObject] = Field(default_factory=list, description="Pod tolerations.")
+    host_network: bool = Field(default=False, description="Run the driver on the host network.")
+    env: list[KubeObject] = Field(
+        default_factory=list, description="Extra container env (EnvVar objects)."
+    )
+    volumes: list[KubeObject] = Field(default_factory=list, description="Extra pod volumes.")
+    volume_mounts: list[KubeObject] = Field(
+        default_factory=list, description="Extra container volumeMounts."
+    )
+
+
+class PipelineSpec(SpecModel):
+    """The desired state of one exactly-once pipeline."""
+
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Spark application image; the operator's default image when unset.",
+    )
+    image_pull_policy: PullPolicy = Field(default=PullPolicy.IF_NOT_PRESENT)
+    service_account_name: str | None = Field(
+        default=None,
+        description="ServiceAccount of the driver; one is created when executors run on "
+        "Kubernetes and this is unset.",
+    )
+    source: SourceSpec
+    transform: TransformSpec
+    sink: SinkSpec
+    trigger: TriggerSpec = Field(default_factory=TriggerSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    spark: SparkSpec = Field(default_factory=SparkSpec)
+    transactions: Transactions = Field(default_factory=Transactions)
+    upgrade: UpgradeSpec = Field(default_factory=UpgradeSpec)
+    restart_policy: RestartPolicy = Field(default=RestartPolicy.ALWAYS)
+    suspend: bool = Field(default=False, description="Stop the driver gracefully, keep state.")
+    restart_nonce: str | None = Field(
+        default=None, max_length=63, description="Change to force a driver restart."
+    )
+    driver: DriverSpec = Field(default_factory=DriverSpec)
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
+        schema = super().__get_pydantic_json_schema__(core_schema, handler)
+        schema.setdefault(CEL_RULES_KEY, []).append(
+            {
+                # A transition rule: only evaluated on update, with oldSelf.
+                "rule": "!has(oldSelf.transactions) || !has(oldSelf.transactions.idPrefix) || "
+                "(has(self.transactions) && has(self.transactions.idPrefix) && "
+                "self.transactions.idPrefix == oldSelf.transactions.idPrefix)",
+                "message": "transactions.idPrefix is immutable once set",
+                "fieldPath": ".transactions.idPrefix",
+            }
+        )
+        return schema
+
+
+class ConditionStatus(StrEnum):
+    """Kubernetes condition status."""
+
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(BaseModel):
+    """A kstatus-compatible condition (Ready, Progressing, Degraded)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+    type: str
+    status: ConditionStatus
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class Phase(StrEnum):
+    """The pipeline's phase, as ``kubectl get eop`` shows it."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    DEGRADED = "Degraded"
+    INVALID = "Invalid"
+
+
+class CheckpointStatus(BaseModel):
+    """The checkpoint generation in use."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+    generation: int = 0
+    path: str | None = None
+
+
+class PipelineStatus(BaseModel):
+    """The observed state, written only by the operator."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+    phase: Phase | None = None
+    ready: str | None = Field(default=None, description="Ready driver pods, e.g. 1/1.")
+    lag: int | None = Field(default=None, description="Total records not yet in the sink.")
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    checkpoint: CheckpointStatus | None = None
+    transactional_id_prefix: str | None = None
+    progress_group: str | None = None
+    commit_mode: str | None = None
+    spec_hash: str | None = None
+
+
+class ObjectMeta(BaseModel):
+    """The parts of metadata the operator reads."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH)
+    namespace: str = "default"
+    uid: str | None = None
+    generation: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class ExactlyOncePipeline(BaseModel):
+    """One ``ExactlyOncePipeline`` object, as applied by users."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    crd_root_rules: ClassVar[list[dict[str, str]]] = [
+        {
+            "rule": f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+            "message": f"metadata.name must be at most {MAX_NAME_LENGTH} characters "
+            "(children add suffixes)",
+        }
+    ]
+
+    api_version: str = API_VERSION
+    kind: str = KIND
+    metadata: ObjectMeta
+    spec: PipelineSpec
+    status: PipelineStatus = Field(default_factory=PipelineStatus)
+
+    @property
+    def pipeline_id(self) -> str:
+        """The identity ``<namespace>.<name>``."""
+        return f"{self.metadata.namespace}.{self.metadata.name}"

@@ -1,0 +1,210 @@
+"""kopf wiring: thin handlers that validate, render, apply and report.
+
+Decisions live in ``reconcile`` and rendering in ``render`` (both pure); this
+module only moves data between kopf, the API server and those functions.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from eop_operator import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from eop_operator.api.load import InvalidPipeline, load_pipeline, plain
+from eop_operator.api.models import PipelineStatus
+from eop_operator.api.resolve import IdentityChanged, resolve_identity
+from eop_operator.kube.client import KubeClient
+from eop_operator.reconcile.status import DriverObservation, judge, ready_column, status_patch
+from eop_operator.render import MissingImage, checkpoint_root, render_pipeline
+from eop_operator.render.naming import MANAGED_BY, checkpoint_claim_name, driver_name
+from eop_operator.render.storage import retains_checkpoint
+
+FINALIZER = f"{GROUP}/finalizer"
+#: Annotation prefix for kopf's own bookkeeping on our objects.
+KOPF_PREFIX = f"kopf.{GROUP}"
+
+
+@dataclass
+class OperatorOptions:
+    """Settings given on the ``eop operator`` command line."""
+
+    default_image: str | None = None
+
+
+#: Set by the CLI before kopf starts; read by the startup handler.
+OPTIONS = OperatorOptions()
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
+        settings=settings
+    )
+    if info is None:
+        raise kopf.PermanentError("no in-cluster service account and no kubeconfig found")
+    return info
+
+
+@kopf.on.login()
+def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+    """Authenticate with the in-cluster service account, else the kubeconfig."""
+    return _login(settings)
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Keep kopf's state on our own keys, post only warnings as events, open the client."""
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=KOPF_PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 270
+    memo.client = KubeClient(lambda: _login(settings))
+    memo.options = OPTIONS
+
+
+@kopf.on.cleanup()
+async def close(memo: kopf.Memo, **_: Any) -> None:
+    """Close the HTTP session."""
+    await memo.client.close()
+
+
+def _report(
+    body: kopf.Body,
+    patch: kopf.Patch,
+    *,
+    suspend: bool,
+    driver: DriverObservation | None,
+    error: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Write phase and conditions into ``patch`` (kopf applies it after the handler)."""
+    try:
+        previous = PipelineStatus.model_validate(plain(body.get("status", {})))
+    except ValidationError:
+        previous = PipelineStatus()
+    verdict = judge(suspend=suspend, driver=driver, error=error)
+    patch.status.update(
+        status_patch(
+            verdict,
+            previous=previous,
+            generation=body.metadata.get("generation"),
+            ready=ready_column(driver, suspend=suspend),
+            now=_now(),
+            extra=extra,
+        )
+    )
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    """Render the pipeline's children from its spec and apply them."""
+    try:
+        pipeline = load_pipeline(body)
+        identity = resolve_identity(pipeline)
+        generation = pipeline.status.checkpoint.generation if pipeline.status.checkpoint else 0
+        rendered = render_pipeline(
+            pipeline, default_image=memo.options.default_image, generation=generation
+        )
+    except (InvalidPipeline, IdentityChanged, MissingImage) as exc:
+        kopf.warn(body, reason="InvalidSpec", message=str(exc))
+        _report(body, patch, suspend=False, driver=None, error=str(exc))
+        raise kopf.PermanentError(str(exc)) from None
+
+    client: KubeClient = memo.client
+    applied: dict[str, Any] = {}
+    for obj in rendered.objects:
+        applied[obj["kind"]] = await client.apply(obj)
+    _report(
+        body,
+        patch,
+        suspend=pipeline.spec.suspend,
+        driver=DriverObservation.from_statefulset(applied["StatefulSet"]),
+        extra={
+            "transactionalIdPrefix": identity.transactional_id_prefix,
+            "progressGroup": identity.progress_group,
+            "specHash": rendered.spec_hash,
+            "checkpoint": {
+                "generation": generation,
+                "path": rendered.run_config.checkpoint_location,
+            },
+            "commitMode": pipeline.spec.sink.kafka.commit_mode.value,
+        },
+    )
+    if pipeline.status.spec_hash != rendered.spec_hash:
+        kopf.info(
+            body,
+            reason="Applied",
+            message=f"driver {driver_name(pipeline)} at spec hash {rendered.spec_hash}, "
+            f"checkpoint generation {generation} ({checkpoint_root(pipeline)})",
+        )
+
+
+@kopf.on.event("apps", "v1", "statefulsets", labels={"app.kubernetes.io/managed-by": MANAGED_BY})
+async def driver_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Mirror the driver StatefulSet's readiness into the pipeline's status."""
+    owner = next(
+        (ref for ref in body.metadata.get("ownerReferences", []) if ref.get("kind") == KIND),
+        None,
+    )
+    if owner is None:
+        return
+    client: KubeClient = memo.client
+    namespace = body.metadata.namespace
+    assert namespace is not None
+    current = await client.get(API_VERSION, KIND, namespace, owner["name"])
+    if current is None or current["metadata"].get("deletionTimestamp"):
+        return
+    try:
+        pipeline = load_pipeline(current)
+    except InvalidPipeline:
+        return  # reconcile has already reported it
+    suspend = pipeline.spec.suspend
+    driver = DriverObservation.from_statefulset(plain(body))
+    verdict = judge(suspend=suspend, driver=driver, error=None)
+    ready = ready_column(driver, suspend=suspend)
+    if pipeline.status.phase == verdict.phase and pipeline.status.ready == ready:
+        return
+    status = status_patch(
+        verdict,
+        previous=pipeline.status,
+        generation=pipeline.metadata.generation,
+        ready=ready,
+        now=_now(),
+    )
+    await client.patch(
+        API_VERSION, KIND, namespace, owner["name"], {"status": status}, subresource="status"
+    )
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+async def finalize(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Honour the checkpoint retention policy before the garbage collector runs."""
+    try:
+        pipeline = load_pipeline(body)
+    except InvalidPipeline:
+        return  # nothing was created for an invalid pipeline's checkpoint
+    claim = checkpoint_claim_name(pipeline)
+    if not retains_checkpoint(pipeline):
+        kopf.info(body, reason="CheckpointDeleted", message=f"claim {claim} goes with the pipeline")
+        return
+    client: KubeClient = memo.client
+    namespace = pipeline.metadata.namespace
+    if await client.get("v1", "PersistentVolumeClaim", namespace, claim) is not None:
+        # Without an owner the garbage collector leaves the claim alone.
+        await client.patch(
+            "v1", "PersistentVolumeClaim", namespace, claim, {"metadata": {"ownerReferences": None}}
+        )
+    kopf.info(body, reason="CheckpointRetained", message=f"claim {claim} kept (retention Retain)")

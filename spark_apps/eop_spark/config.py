@@ -1,0 +1,61 @@
+"""The resolved run configuration: everything one runner process needs.
+
+The operator renders it into the driver's ConfigMap; ``eop run PIPELINE.yaml``
+resolves it from a manifest on a laptop.  Either way the runner reads only this.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from eop_spark.spec import SinkSpec, SourceSpec, SparkSpec, SpecModel, TransformSpec, TriggerSpec
+
+#: Where the operator mounts the run configuration in the driver pod.
+CONFIG_FILE_NAME = "run.json"
+
+
+def pipeline_id(namespace: str, name: str) -> str:
+    """The pipeline identity ``P`` = ``<namespace>.<name>`` (see docs/exactly-once.md)."""
+    return f"{namespace}.{name}"
+
+
+def progress_group(pipeline: str) -> str:
+    """The progress group ``G`` = ``eop.<P>``: committed only inside sink transactions."""
+    return f"eop.{pipeline}"
+
+
+def default_transactional_id_prefix(pipeline: str) -> str:
+    """The default transactional id prefix ``eop.<P>``."""
+    return f"eop.{pipeline}"
+
+
+class RunConfig(SpecModel):
+    """One pipeline run, fully resolved (no defaults left to guess)."""
+
+    pipeline: str = Field(min_length=3, description="Pipeline identity <namespace>.<name>.")
+    source: SourceSpec
+    transform: TransformSpec
+    sink: SinkSpec
+    trigger: TriggerSpec = Field(default_factory=TriggerSpec)
+    spark: SparkSpec = Field(default_factory=SparkSpec)
+    transactional_id_prefix: str = Field(min_length=1)
+    progress_group: str = Field(min_length=1)
+    checkpoint_root: str = Field(min_length=1, description="Directory or URI of all generations.")
+    generation: int = Field(default=0, ge=0, description="Checkpoint generation k.")
+    source_secret_dir: str | None = Field(
+        default=None, description="Directory of a mounted Secret: one Kafka property per file."
+    )
+    sink_secret_dir: str | None = None
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+
+    @property
+    def checkpoint_location(self) -> str:
+        """The Spark checkpoint of this generation: ``<root>/gen-<k>``."""
+        return f"{self.checkpoint_root.rstrip('/')}/gen-{self.generation}"
+
+    @classmethod
+    def from_file(cls, path: Path) -> RunConfig:
+        """Read a run configuration written by the operator or by ``eop run``."""
+        return cls.model_validate_json(path.read_text())

@@ -1,0 +1,77 @@
+"""The runner's failures and the process exit codes they map to.
+
+Exit codes of ``python -m eop_spark run`` (and of :func:`eop_spark.runner.run`):
+
+====  =====================================================================
+0     stopped as asked (SIGTERM, or ``trigger.availableNow`` ran out of input)
+1     unexpected failure (a bug: the traceback is logged)
+2     configuration error: the run config, the transform (SQL, missing ``value``),
+      a commit mode the query cannot use.  Restarting does not help.
+3     environment not ready: Kafka unreachable, a topic missing, connector
+      jars missing.  Restarting later may help.
+4     the pipeline failed while running: a Kafka or Spark error, fenced by
+      another runner, progress group inconsistent with the checkpoint.
+====  =====================================================================
+
+Every failure is reported as ONE line, ``eop: error: <message>``, on stderr and
+in ``$EOP_TERMINATION_LOG`` when set (Kubernetes shows it as the pod's
+termination message).
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_UNEXPECTED = 1
+EXIT_CONFIG = 2
+EXIT_ENVIRONMENT = 3
+EXIT_RUNTIME = 4
+
+
+class EopError(Exception):
+    """A failure with a one-line message meant for the user."""
+
+    exit_code = EXIT_UNEXPECTED
+
+    def __init__(self, message: str) -> None:
+        super().__init__(one_line(message))
+
+    @property
+    def message(self) -> str:
+        """The one-line message."""
+        return str(self)
+
+
+class ConfigError(EopError):
+    """The configuration or the transform is invalid; restarting does not help."""
+
+    exit_code = EXIT_CONFIG
+
+
+class EnvironmentNotReady(EopError):
+    """Something outside the pipeline is missing: a broker, a topic, the connector jars."""
+
+    exit_code = EXIT_ENVIRONMENT
+
+
+class PipelineFailed(EopError):
+    """The running pipeline hit an error it cannot recover from in-process."""
+
+    exit_code = EXIT_RUNTIME
+
+
+class SinkRetryable(PipelineFailed):
+    """A sink transaction failed in a way that a fresh attempt of the batch may fix."""
+
+
+class ProducerFenced(SinkRetryable):
+    """Another process initialised our transactional id: our producer is dead."""
+
+
+class ProgressConflict(PipelineFailed):
+    """The progress group disagrees with the checkpoint in a way that would duplicate output."""
+
+
+def one_line(text: str, limit: int = 600) -> str:
+    """Collapse ``text`` to one line of at most ``limit`` characters (for logs and exit messages)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
