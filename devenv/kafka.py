@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import concurrent.futures
 import contextlib
 import os
 import shutil
@@ -310,6 +311,7 @@ class KafkaBroker:
                 # Something took a port between probing and binding: new ports, and a fresh
                 # format (the KRaft quorum records the controller's endpoint).
                 shutil.rmtree(self.data_dir, ignore_errors=True)
+                self._ready_topic_created = False
         raise AssertionError("unreachable")
 
     def _ports_file(self) -> Path:
@@ -459,7 +461,7 @@ class KafkaBroker:
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        admin = AdminClient(self.client_config())
+        admin = AdminClient(self.client_config({"log_level": 3}))
         futures = admin.create_topics(
             [NewTopic(name, partitions, 1, config=dict(config or {}))],
             operation_timeout=timeout,
@@ -471,9 +473,14 @@ class KafkaBroker:
             err = exc.args[0]
             if not (exist_ok and err.code() == ClientError.TOPIC_ALREADY_EXISTS):
                 raise KafkaError(f"creating topic {name!r} failed: {err}") from exc
+        except concurrent.futures.TimeoutError as exc:
+            raise KafkaError(f"creating topic {name!r} timed out after {timeout}s") from exc
         deadline = time.monotonic() + timeout
         while True:
-            meta = admin.list_topics(name, timeout=max(1.0, deadline - time.monotonic()))
+            try:
+                meta = admin.list_topics(name, timeout=max(1.0, deadline - time.monotonic()))
+            except KafkaException as exc:
+                raise KafkaError(f"describing topic {name!r} failed: {exc}") from exc
             topic = meta.topics.get(name)
             if (
                 topic is not None

@@ -38,9 +38,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     try:
         pipeline = load_pipeline_file(args.manifest)
-        rendered = render_pipeline(
-            pipeline, default_image=args.image, generation=args.generation
-        )
+        rendered = render_pipeline(pipeline, default_image=args.image, generation=args.generation)
     except (InvalidPipeline, MissingImage) as exc:
         return _fail(str(exc))
     sys.stdout.write(yaml.safe_dump_all(rendered.objects, sort_keys=False, width=100))
@@ -49,10 +47,10 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one pipeline's driver (the data plane) until SIGTERM."""
-    from eop_spark.config import RunConfig
     from eop_spark.runner import run
 
     from eop_operator.api.resolve import IdentityChanged, build_run_config
+    from eop_spark.config import RunConfig
 
     if args.config is not None:
         try:

@@ -10,6 +10,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, ClassVar
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from eop_operator import API_VERSION, KIND
 from eop_spark.spec import (
     CEL_RULES_KEY,
     SinkSpec,
@@ -19,10 +23,6 @@ from eop_spark.spec import (
     TransformSpec,
     TriggerSpec,
 )
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
-
-from eop_operator import API_VERSION, KIND
 
 #: Kubernetes resource quantities such as 10Gi, 500Mi.
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"

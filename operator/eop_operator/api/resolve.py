@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eop_operator.api.models import ExactlyOncePipeline
 from eop_spark.config import (
     RunConfig,
     default_transactional_id_prefix,
     progress_group,
 )
-
-from eop_operator.api.models import ExactlyOncePipeline
 
 
 class IdentityChanged(ValueError):

@@ -11,8 +11,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from eop_spark.config import RunConfig
-
 from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.api.resolve import build_run_config
 from eop_operator.render.driver import (
@@ -27,6 +25,7 @@ from eop_operator.render.driver import (
 from eop_operator.render.naming import SPEC_HASH_ANNOTATION
 from eop_operator.render.rbac import render_driver_rbac
 from eop_operator.render.storage import render_checkpoint_claim, render_config_map
+from eop_spark.config import RunConfig
 
 
 class MissingImage(ValueError):

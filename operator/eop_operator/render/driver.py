@@ -10,9 +10,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from eop_spark.config import CONFIG_FILE_NAME
-from eop_spark.spec import duration_ms
-
 from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.render.naming import (
     GENERATION_ANNOTATION,
@@ -25,6 +22,8 @@ from eop_operator.render.naming import (
     selector_labels,
 )
 from eop_operator.render.rbac import driver_service_account_name
+from eop_spark.config import CONFIG_FILE_NAME
+from eop_spark.spec import duration_ms
 
 CONFIG_DIR = "/etc/eop"
 CHECKPOINT_MOUNT = "/var/lib/eop/checkpoint"

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from eop_spark.config import CONFIG_FILE_NAME, RunConfig
-
 from eop_operator.api.models import ExactlyOncePipeline, Retention
 from eop_operator.render.naming import checkpoint_claim_name, child_metadata, config_map_name
+from eop_spark.config import CONFIG_FILE_NAME, RunConfig
 
 
 def render_config_map(pipeline: ExactlyOncePipeline, run_config: RunConfig) -> dict[str, Any]:

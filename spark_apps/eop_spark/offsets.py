@@ -1,0 +1,143 @@
+"""Offset arithmetic on Kafka topic-partitions: pure functions, no I/O.
+
+``Offsets`` maps ``(topic, partition)`` to an offset.  Spark writes offsets as
+JSON ``{"topic": {"0": 42}}`` (in ``offsets/N`` and ``startingOffsets``, where
+-2 means earliest and -1 latest); the progress group ``G`` holds "the next
+offset whose output is not visible yet" per partition.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+TopicPartition = tuple[str, int]
+Offsets = dict[TopicPartition, int]
+
+#: Spark's markers in ``startingOffsets`` JSON.
+EARLIEST = -2
+LATEST = -1
+
+
+def parse_spark_json(text: str) -> Offsets:
+    """Parse Spark's ``{"topic": {"partition": offset}}`` JSON into :data:`Offsets`."""
+    raw = json.loads(text)
+    if not isinstance(raw, dict):
+        raise ValueError(f"offsets JSON must be an object, got {type(raw).__name__}")
+    offsets: Offsets = {}
+    for topic, partitions in raw.items():
+        if not isinstance(partitions, dict):
+            raise ValueError(f"offsets of topic {topic!r} must be an object")
+        for partition, offset in partitions.items():
+            offsets[(str(topic), int(partition))] = int(offset)
+    return offsets
+
+
+def to_spark_json(offsets: Mapping[TopicPartition, int]) -> str:
+    """Render offsets as Spark's JSON, sorted for stable logs and checkpoints."""
+    nested: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        nested.setdefault(topic, {})[str(partition)] = offset
+    return json.dumps(nested, separators=(",", ":"))
+
+
+def covers(committed: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int]) -> bool:
+    """Whether ``committed`` (G) already holds every partition of ``end`` (a batch is visible)."""
+    return all(committed.get(tp, -1) >= offset for tp, offset in end.items())
+
+
+def lagging(
+    committed: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int]
+) -> Offsets:
+    """The partitions of ``end`` that ``committed`` has not reached yet, with their end offsets."""
+    return {tp: offset for tp, offset in end.items() if committed.get(tp, -1) < offset}
+
+
+def starting_offsets(
+    partitions: Iterable[TopicPartition],
+    committed: Mapping[TopicPartition, int],
+    spec_starting: str,
+) -> Offsets:
+    """Where a new checkpoint generation starts, per partition.
+
+    Partitions that G has seen resume at G's committed offset (so nothing is
+    lost or repeated even when the Spark checkpoint is gone); the others start
+    as ``spec.source.startingOffsets`` says (``earliest``, ``latest`` or
+    Spark's per-partition JSON; partitions missing from that JSON start at the
+    earliest offset).  The result is complete, as Spark requires of JSON
+    starting offsets.
+    """
+    if spec_starting == "earliest":
+        default, explicit = EARLIEST, {}
+    elif spec_starting == "latest":
+        default, explicit = LATEST, {}
+    else:
+        default, explicit = EARLIEST, parse_spark_json(spec_starting)
+    result: Offsets = {}
+    for tp in partitions:
+        seen = committed.get(tp)
+        result[tp] = seen if seen is not None and seen >= 0 else explicit.get(tp, default)
+    return result
+
+
+class BatchAction(StrEnum):
+    """What the coordinated sink does with a batch, given G and the batch's offset range."""
+
+    RUN = "run"  #: G is where the batch starts: produce it and commit its end to G
+    SKIP = "skip"  #: G already holds the batch end: its output is visible, a replay
+    CONFLICT = "conflict"  #: G is ahead of the start but not at the end: someone else wrote
+
+
+@dataclass(frozen=True)
+class BatchDecision:
+    """The action for a batch and, for a conflict or an anomaly, why."""
+
+    action: BatchAction
+    detail: str = ""
+
+
+def decide_batch(
+    committed: Mapping[TopicPartition, int],
+    start: Mapping[TopicPartition, int],
+    end: Mapping[TopicPartition, int],
+) -> BatchDecision:
+    """Decide the coordinated sink's action for a batch ``[start, end)``.
+
+    One transaction moves G from the batch start to its end for every
+    partition at once, so with one writer G is either at ``start`` (run) or
+    at or past ``end`` (skip: a replay).  A partition of G strictly between
+    the two, or past ``start`` while others still need the batch, means a
+    writer with other batch boundaries (another checkpoint) got there first:
+    running would duplicate, so it is a conflict.  A partition G has never
+    seen, or G behind ``start`` (G reset by hand), is allowed and reported.
+    """
+    if covers(committed, end):
+        return BatchDecision(BatchAction.SKIP)
+    ahead = {
+        tp: committed[tp]
+        for tp in end
+        # A partition new in this batch (absent from start) is read from its beginning.
+        if tp in committed and committed[tp] > start.get(tp, 0)
+    }
+    if ahead:
+        return BatchDecision(
+            BatchAction.CONFLICT,
+            f"progress group is at {to_spark_json(ahead)}, past this batch's start "
+            f"{to_spark_json({tp: start.get(tp, 0) for tp in ahead})} but not at its end "
+            f"{to_spark_json({tp: end[tp] for tp in ahead})}",
+        )
+    behind = {tp: committed[tp] for tp, offset in start.items() if 0 <= committed.get(tp, -1) < offset}
+    if behind:
+        return BatchDecision(
+            BatchAction.RUN,
+            f"progress group {to_spark_json(behind)} is behind the checkpoint's batch start "
+            f"{to_spark_json({tp: start[tp] for tp in behind})} (offsets reset by hand?)",
+        )
+    return BatchDecision(BatchAction.RUN)
+
+
+def offsets_span(start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int]) -> int:
+    """How many offsets ``[start, end)`` spans over all partitions (records plus markers)."""
+    return sum(max(0, offset - start.get(tp, offset)) for tp, offset in end.items())

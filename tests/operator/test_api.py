@@ -1,0 +1,55 @@
+"""The API models accept what users write and name the field of every mistake."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from eop_operator.api.load import InvalidPipeline, load_pipeline
+from eop_operator.api.models import Retention, UpgradeMode
+
+
+def test_minimal_manifest_gets_documented_defaults(manifest: dict[str, Any]) -> None:
+    pipeline = load_pipeline(manifest)
+    spec = pipeline.spec
+    assert pipeline.pipeline_id == "ads.clean"
+    assert spec.source.kafka.starting_offsets == "earliest"
+    assert spec.sink.kafka.commit_mode.value == "auto"
+    assert spec.checkpoint.claim is not None and spec.checkpoint.claim.size == "1Gi"
+    assert spec.checkpoint.retention is Retention.RETAIN
+    assert spec.upgrade.mode is UpgradeMode.LAST_STATE
+    assert spec.spark.master == "local[2]"
+    assert spec.trigger.interval_ms() == 10_000
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        (["spec", "transform", "python"], {"module": "m", "function": "f"}, "spec.transform"),
+        (["spec", "source", "kafka", "topicPattern"], "raw.*", "spec.source.kafka"),
+        (["spec", "source", "kafka", "startingOffsets"], "yesterday", "startingOffsets"),
+        (["spec", "sink", "kafka", "commitMode"], "fast", "spec.sink.kafka.commitMode"),
+        (["spec", "sink", "kafka", "transactionTimeout"], "1 minute", "transactionTimeout"),
+        (["spec", "trigger"], {"processingTime": "5s", "availableNow": True}, "spec.trigger"),
+        (["spec", "checkpoint"], {"uri": "s3a://b/p", "retention": "Delete"}, "spec.checkpoint"),
+        (["spec", "spark", "master"], "yarn", "spec.spark.master"),
+        (["spec", "surprise"], 1, "spec.surprise"),
+        (["metadata", "name"], "x" * 43, "metadata.name"),
+    ],
+)
+def test_invalid_manifest_names_the_field(
+    manifest: dict[str, Any], path: list[str], value: Any, field: str
+) -> None:
+    node = manifest
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+    with pytest.raises(InvalidPipeline, match=field.replace(".", r"\.")):
+        load_pipeline(manifest)
+
+
+def test_wrong_kind_is_rejected(manifest: dict[str, Any]) -> None:
+    manifest["kind"] = "SparkApplication"
+    with pytest.raises(InvalidPipeline, match=r"expected apiVersion exactlyonce\.io/v1alpha1"):
+        load_pipeline(manifest)
