@@ -1,0 +1,274 @@
+"""The operator, installed by the chart and run with only its RBAC, on a real API server.
+
+etcd, kube-apiserver and kube-controller-manager (for the garbage collector and
+the StatefulSet controller) are real; no kubelet runs at this tier, so driver
+pods stay Pending and the phase stays Pending.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from devenv.kube import ControlPlane
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "eop"
+OPERATOR_NAMESPACE = "eop-system"
+
+pytestmark = pytest.mark.kube
+
+T = TypeVar("T")
+
+
+def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
+    """Poll ``probe`` until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def get(cp: ControlPlane, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+    result = cp.kubectl("get", kind, name, "-n", namespace, "-o", "json")
+    return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def operator(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
+    """Install the chart (CRD + RBAC), then run `eop operator` as the chart's ServiceAccount."""
+    control_plane.helm(
+        "install",
+        "eop",
+        str(CHART),
+        "--namespace",
+        OPERATOR_NAMESPACE,
+        "--create-namespace",
+        "--wait=false",
+        check=True,
+    )
+    accounts = json.loads(
+        control_plane.kubectl(
+            "get",
+            "serviceaccounts",
+            "-n",
+            OPERATOR_NAMESPACE,
+            "-l",
+            "app.kubernetes.io/instance=eop",
+            "-o",
+            "json",
+            check=True,
+        ).stdout
+    )["items"]
+    assert len(accounts) == 1, "the chart creates exactly one ServiceAccount"
+    kubeconfig = control_plane.service_account_kubeconfig(
+        OPERATOR_NAMESPACE, accounts[0]["metadata"]["name"]
+    )
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    port = _free_port()
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "eop_operator.cli",
+                "operator",
+                "--all-namespaces",
+                "--default-image",
+                "localhost/eop-spark:test",
+                "--liveness",
+                f"http://127.0.0.1:{port}/healthz",
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+    def alive() -> bool:
+        assert proc.poll() is None, f"operator exited:\n{log.read_text()[-3000:]}"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                return True
+        except OSError:
+            return False
+
+    wait_for(alive, "the operator's liveness endpoint", timeout=60)
+    yield log
+    proc.terminate()
+    proc.wait(timeout=30)
+    text = log.read_text()
+    assert "Forbidden" not in text and "403" not in text, "the chart's RBAC was not enough"
+
+
+def _pipeline(name: str, **spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "source": {"kafka": {"bootstrapServers": "127.0.0.1:9092", "topics": ["raw"]}},
+        "transform": {"sql": "SELECT key, value FROM source WHERE value IS NOT NULL"},
+        "sink": {"kafka": {"bootstrapServers": "127.0.0.1:9092", "topic": "clean"}},
+    }
+    base.update(spec)
+    return {
+        "apiVersion": "exactlyonce.io/v1alpha1",
+        "kind": "ExactlyOncePipeline",
+        "metadata": {"name": name},
+        "spec": base,
+    }
+
+
+def _apply(cp: ControlPlane, namespace: str, obj: dict[str, Any]) -> None:
+    cp.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(obj), check=True)
+
+
+def _events(cp: ControlPlane, namespace: str, name: str) -> list[dict[str, Any]]:
+    items = json.loads(
+        cp.kubectl(
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            f"involvedObject.name={name},involvedObject.kind=ExactlyOncePipeline",
+            "-o",
+            "json",
+            check=True,
+        ).stdout
+    )["items"]
+    return list(items)
+
+
+CHILDREN = [
+    ("configmap", "clean-config"),
+    ("persistentvolumeclaim", "clean-checkpoint"),
+    ("service", "clean-driver"),
+    ("statefulset", "clean-driver"),
+]
+
+
+def test_pipeline_lifecycle_create_update_delete(
+    control_plane: ControlPlane, operator: Path, kube_namespace: str
+) -> None:
+    cp, ns = control_plane, kube_namespace
+    _apply(cp, ns, _pipeline("clean"))
+    owner_uid = wait_for(
+        lambda: (get(cp, "eop", "clean", ns) or {}).get("metadata", {}).get("uid"), "uid"
+    )
+
+    for kind, name in CHILDREN:
+        obj = wait_for(lambda kind=kind, name=name: get(cp, kind, name, ns), f"{kind}/{name}")
+        owners = obj["metadata"].get("ownerReferences", [])
+        assert [o["uid"] for o in owners] == [owner_uid], f"{kind}/{name} is not owned"
+
+    status = wait_for(
+        lambda: (
+            (get(cp, "eop", "clean", ns) or {}).get("status", {}).get("specHash")
+            and get(cp, "eop", "clean", ns)["status"]
+        ),  # type: ignore[index]
+        "status",
+    )
+    assert status["phase"] == "Pending"  # no kubelet at this tier: the driver never gets Ready
+    assert status["transactionalIdPrefix"] == f"eop.{ns}.clean"
+    assert status["progressGroup"] == f"eop.{ns}.clean"
+    assert status["checkpoint"]["generation"] == 0
+    conditions = {c["type"]: c["status"] for c in status["conditions"]}
+    assert conditions["Ready"] == "False" and conditions["Progressing"] == "True"
+    assert any(e["reason"] == "Applied" for e in _events(cp, ns, "clean"))
+
+    sts = get(cp, "statefulset", "clean-driver", ns)
+    assert sts is not None
+    old_hash = sts["spec"]["template"]["metadata"]["annotations"]["exactlyonce.io/spec-hash"]
+    run = json.loads(get(cp, "configmap", "clean-config", ns)["data"]["run.json"])  # type: ignore[index]
+    assert run["transform"]["sql"].startswith("SELECT key, value")
+
+    # A query change rolls the driver: the StatefulSet's pod template follows the spec.
+    updated = _pipeline("clean")
+    updated["spec"]["transform"]["sql"] = "SELECT value FROM source"
+    _apply(cp, ns, updated)
+    new_sts = wait_for(
+        lambda: (
+            (s := get(cp, "statefulset", "clean-driver", ns))
+            and s["spec"]["template"]["metadata"]["annotations"]["exactlyonce.io/spec-hash"]
+            != old_hash
+            and s
+        ),
+        "the StatefulSet to follow the spec",
+    )
+    assert new_sts["spec"]["replicas"] == 1
+    run = json.loads(get(cp, "configmap", "clean-config", ns)["data"]["run.json"])  # type: ignore[index]
+    assert run["transform"]["sql"] == "SELECT value FROM source"
+
+    # Suspend scales the driver to zero and says so.
+    updated["spec"]["suspend"] = True
+    _apply(cp, ns, updated)
+    wait_for(lambda: get(cp, "statefulset", "clean-driver", ns)["spec"]["replicas"] == 0, "suspend")  # type: ignore[index]
+    wait_for(lambda: get(cp, "eop", "clean", ns)["status"].get("phase") == "Suspended", "Suspended")  # type: ignore[index]
+
+    # Delete: the finalizer keeps the checkpoint claim (retention Retain), the GC removes the rest.
+    cp.kubectl("delete", "eop", "clean", "-n", ns, "--wait=true", "--timeout=60s", check=True)
+    for kind, name in CHILDREN:
+        if kind == "persistentvolumeclaim":
+            continue
+        wait_for(
+            lambda kind=kind, name=name: get(cp, kind, name, ns) is None, f"GC of {kind}/{name}"
+        )
+    claim = get(cp, "persistentvolumeclaim", "clean-checkpoint", ns)
+    assert claim is not None and not claim["metadata"].get("ownerReferences")
+    assert claim["metadata"].get("deletionTimestamp") is None
+
+
+def test_retention_delete_lets_the_gc_remove_the_checkpoint(
+    control_plane: ControlPlane, operator: Path, kube_namespace: str
+) -> None:
+    cp, ns = control_plane, kube_namespace
+    _apply(cp, ns, _pipeline("scratch", checkpoint={"retention": "Delete"}))
+    wait_for(lambda: get(cp, "persistentvolumeclaim", "scratch-checkpoint", ns), "the claim")
+    cp.kubectl("delete", "eop", "scratch", "-n", ns, "--wait=true", "--timeout=60s", check=True)
+    wait_for(
+        lambda: get(cp, "persistentvolumeclaim", "scratch-checkpoint", ns) is None,
+        "GC of the claim",
+    )
+
+
+def test_spec_the_api_server_accepts_but_eop_cannot_run_is_reported(
+    control_plane: ControlPlane, operator: Path, kube_namespace: str
+) -> None:
+    cp, ns = control_plane, kube_namespace
+    bad = _pipeline("broken")
+    bad["spec"]["source"]["kafka"]["startingOffsets"] = "{not json"  # passes CEL, not the model
+    _apply(cp, ns, bad)
+    status = wait_for(
+        lambda: (
+            (get(cp, "eop", "broken", ns) or {}).get("status", {}).get("phase") == "Invalid"
+            and get(cp, "eop", "broken", ns)["status"]
+        ),  # type: ignore[index]
+        "phase Invalid",
+    )
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True"
+    assert "startingOffsets" in degraded["message"]
+    warnings = [e for e in _events(cp, ns, "broken") if e["type"] == "Warning"]
+    assert any("startingOffsets" in e["message"] for e in warnings)
+    assert get(cp, "statefulset", "broken-driver", ns) is None
