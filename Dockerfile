@@ -17,8 +17,10 @@ ARG BASE_IMAGE=localhost/debian-base:bookworm
 # ---------------------------------------------------------------------------------------------
 # Shared by every stage and both images: Debian's python3 and the unprivileged user.
 FROM ${BASE_IMAGE} AS runtime-base
-ENV DEBIAN_FRONTEND=noninteractive \
-    LANG=C.UTF-8
+# An ARG, not ENV: apt's non-interactive mode is for the build only. Each stage that runs apt
+# declares it again (ARGs end with their stage).
+ARG DEBIAN_FRONTEND=noninteractive
+ENV LANG=C.UTF-8
 # uid/gid 1000 get a passwd entry: the JVM (Hadoop's UserGroupInformation) fails for a uid
 # without a name. HOME is /tmp so a read-only root filesystem plus a /tmp emptyDir suffices.
 RUN apt-get update \
@@ -35,10 +37,15 @@ ENV HOME=/tmp \
 # Python build stages. Dependencies are installed from pyproject.toml alone, before the source
 # is copied, so a source change reuses the (large) dependency layers.
 FROM runtime-base AS builder
+ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3-venv \
     && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
     && python3 -m venv /opt/eop/venv
+# The pip cache is a build cache mount (HOME is /tmp, so name it); PEP 517 builds make pyspark's
+# sdist into a wheel that the cache keeps for the next rebuild.
+ENV PIP_CACHE_DIR=/var/cache/pip \
+    PIP_USE_PEP517=1
 WORKDIR /src
 
 # requirements-<extra>.txt = the base dependencies plus one extra, read from pyproject.toml.
@@ -54,14 +61,14 @@ p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
 FROM builder AS venv-operator
 COPY --from=requirements /src/requirements-operator.txt ./
 RUN --mount=type=secret,id=build-ca \
-    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=cache,target=/var/cache/pip,sharing=locked \
     if [ -s /run/secrets/build-ca ]; then export PIP_CERT=/run/secrets/build-ca; fi \
     && pip install --requirement requirements-operator.txt
 
 FROM builder AS venv-spark
 COPY --from=requirements /src/requirements-spark.txt ./
 RUN --mount=type=secret,id=build-ca \
-    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=cache,target=/var/cache/pip,sharing=locked \
     if [ -s /run/secrets/build-ca ]; then export PIP_CERT=/run/secrets/build-ca; fi \
     && pip install --requirement requirements-spark.txt
 
@@ -71,23 +78,25 @@ COPY pyproject.toml README.md ./
 COPY operator ./operator
 COPY spark_apps ./spark_apps
 RUN --mount=type=secret,id=build-ca \
-    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=cache,target=/var/cache/pip,sharing=locked \
     if [ -s /run/secrets/build-ca ]; then export PIP_CERT=/run/secrets/build-ca; fi \
     && pip wheel --no-deps --wheel-dir /wheels .
 
 # ---------------------------------------------------------------------------------------------
 # The Spark Kafka connector and its dependencies, fetched by the same script the dev environment
-# uses. It leaves out the jars pyspark already ships, which it learns from the spark venv.
-FROM runtime-base AS jars
+# uses. It leaves out the jars pyspark already ships, which it learns from the spark venv (hence
+# this stage builds on it; it is thrown away, only /opt/eop/jars leaves it).
+FROM venv-spark AS jars
+ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
     && apt-get install -y --no-install-recommends maven openjdk-17-jdk-headless \
     && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
 COPY devenv/fetch-jars.sh devenv/versions.env /src/devenv/
-# The CA bundle goes into this throwaway stage's Java truststore (one file per certificate is
-# what update-ca-certificates and its Java hook expect); only /opt/eop/jars leaves the stage.
+# The CA bundle goes into this stage's Java truststore (one file per certificate is what
+# update-ca-certificates and its Java hook expect). Maven's repository is a cache mount: the JVM
+# takes user.home from the passwd entry (/root), not from HOME.
 RUN --mount=type=secret,id=build-ca \
     --mount=type=cache,target=/root/.m2,sharing=locked \
-    --mount=type=bind,from=venv-spark,source=/opt/eop/venv,target=/opt/eop/venv \
     set -eu \
     && . /src/devenv/versions.env \
     && pyspark_version="$(python -c 'import importlib.metadata as m; print(m.version("pyspark"))')" \
@@ -105,15 +114,16 @@ RUN --mount=type=secret,id=build-ca \
     && cp "$jars_dir"/*.jar /opt/eop/jars/
 
 # ---------------------------------------------------------------------------------------------
-# Image: the operator. The eop wheel is installed on top of the dependency venv in a layer of
-# its own, so a source change ships a layer of kilobytes.
+# Image: the operator. The eop wheel is installed on top of the dependency venv in layers of
+# their own, so a source change ships a few hundred kilobytes.
 FROM runtime-base AS operator
 LABEL org.opencontainers.image.title="eop-operator" \
       org.opencontainers.image.description="Kubernetes operator for exactly-once PySpark pipelines from Kafka" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=venv-operator /opt/eop/venv /opt/eop/venv
-RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-deps --no-index /wheels/*.whl
+# (COPY, not RUN --mount=from: buildah 1.28 may unmount a stage only a mount refers to.)
+COPY --from=wheel /wheels /tmp/wheels
+RUN pip install --no-cache-dir --no-deps --no-index /tmp/wheels/*.whl && rm -rf /tmp/wheels
 USER 1000:1000
 WORKDIR /tmp
 ENTRYPOINT ["eop"]
@@ -127,15 +137,17 @@ LABEL org.opencontainers.image.title="eop-spark" \
       org.opencontainers.image.licenses="Apache-2.0"
 # The JRE's postinst registers man pages with update-alternatives, which fails on slim bases
 # that drop /usr/share/man; creating the directory keeps any bookworm base working.
+ARG DEBIAN_FRONTEND=noninteractive
 RUN mkdir -p /usr/share/man/man1 \
     && apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
-    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /tmp/hsperfdata_root \
     && install -d -o 1000 -g 1000 -m 0775 /opt/eop/work
 COPY --from=jars /opt/eop/jars /opt/eop/jars
 COPY --from=venv-spark /opt/eop/venv /opt/eop/venv
-RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-deps --no-index /wheels/*.whl
+# (COPY, not RUN --mount=from: buildah 1.28 may unmount a stage only a mount refers to.)
+COPY --from=wheel /wheels /tmp/wheels
+RUN pip install --no-cache-dir --no-deps --no-index /tmp/wheels/*.whl && rm -rf /tmp/wheels
 ENV EOP_SPARK_JARS=/opt/eop/jars
 USER 1000:1000
 WORKDIR /opt/eop/work

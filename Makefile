@@ -3,13 +3,18 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 CRD := exactlyoncepipelines.exactlyonce.io.yaml
 
-.PHONY: setup crds lint test test-unit test-fast bench clean
+.PHONY: setup deps crds lint test test-unit test-fast bench clean
 
 ## setup: create .venv and install eop with every extra (the dev environment)
 setup: .venv/.installed
 .venv/.installed: pyproject.toml
 	bash devenv/setup.sh
 	touch $@
+
+## deps: setup + the real components the tests start: Kubernetes binaries, Kafka, Spark jars
+deps: setup
+	bash devenv/build-kube.sh
+	bash devenv/fetch-jars.sh
 
 ## crds: regenerate crds/ and charts/eop/crds/ from the pydantic models
 crds: setup
@@ -23,7 +28,7 @@ lint: setup
 	.venv/bin/mypy
 
 ## test: the whole suite (unit, real Kafka + Spark, real control plane); what CI runs
-test: setup
+test: deps
 	$(PY) -m pytest
 
 ## test-unit: seconds, no external components
@@ -31,7 +36,7 @@ test-unit: setup
 	$(PY) -m pytest -m "not kafka and not spark and not kube and not e2e"
 
 ## test-fast: everything but the slow chaos tests
-test-fast: setup
+test-fast: deps
 	$(PY) -m pytest -m "not slow"
 
 clean:

@@ -18,7 +18,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=versions.env
+# shellcheck source-path=SCRIPTDIR source=versions.env
 source "$here/versions.env"
 
 cache="${EOP_CACHE:-$HOME/.cache/eop}"
@@ -83,7 +83,7 @@ prepare_kube() {
     kube_mod="$cache/kube/$kube_v/gomod"
     mkdir -p "$kube_mod"
     local gomod
-    gomod="$(cd "$kube_mod" && GOFLAGS= go mod download -json "k8s.io/kubernetes@v$kube_v" |
+    gomod="$(cd "$kube_mod" && GOFLAGS='' go mod download -json "k8s.io/kubernetes@v$kube_v" |
         sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
     [[ -f "$gomod" ]] || { log "cannot fetch go.mod of k8s.io/kubernetes@v$kube_v"; exit 1; }
 

@@ -4,28 +4,29 @@
 #   kafka        $EOP_CACHE/kafka/$KAFKA_VERSION/libs/*.jar
 #                a KRaft broker (kafka_2.13), the CLI tools (kafka-tools: ProducerPerformance,
 #                ConsumerGroupCommand, ...) and a log4j2 backend, runnable as `java -cp 'libs/*' ...`
-#   spark        $EOP_CACHE/spark-kafka/$SPARK_KAFKA_VERSION/jars/*.jar
+#   spark        $EOP_CACHE/spark-kafka/$SPARK_VERSION/jars/*.jar
 #                org.apache.spark:spark-sql-kafka-0-10_2.13 and its runtime dependencies, minus
-#                the ones pyspark already ships in its jars/ directory
+#                the ones pyspark already ships in its jars/ directory (which connector release
+#                it is: see fetch_spark below, and CONNECTOR_VERSION beside jars/)
 #
 # Usage: devenv/fetch-jars.sh [kafka|spark]...   (no argument: both). Prints the directories.
 #
-# Versions come from devenv/versions.env. The cache root is ${EOP_CACHE:-~/.cache/eop}; Maven's
-# local repository stays at its default (~/.m2), so a re-fetch after `rm -rf` of the cache does
-# not download again. Idempotent: a complete directory carries a marker with a hash of what was
-# asked for, and a warm run is a no-op. Needs only bash, mvn and java (works in a Docker build
-# stage). Spark needs to know which jars pyspark ships: $PYSPARK_JARS_DIR, else the jars/ dir of
-# the pyspark that ${PYTHON:-the repo's .venv python, else python3} finds; without either, a
-# built-in list of what Spark provides is used.
+# Versions come from devenv/versions.env: KAFKA_VERSION, SCALA_BINARY_VERSION, SPARK_VERSION and,
+# optionally, SPARK_KAFKA_VERSION + SPARK_KAFKA_TOKEN_PROVIDER_VERSION to pin the connector release
+# apart from Spark's (also taken from the environment when versions.env has none).
+#
+# The cache root is ${EOP_CACHE:-~/.cache/eop}; Maven's local repository stays at its default
+# (~/.m2), so a re-fetch after `rm -rf` of the cache downloads nothing. Idempotent: a complete
+# directory carries a marker with a digest of what was asked for; a warm run is a no-op. Needs only
+# bash, mvn and java (works in a Docker build stage). For Spark it must know which jars pyspark
+# ships: $PYSPARK_JARS_DIR, else the jars/ dir of the pyspark that ${PYTHON:-the repo's .venv
+# python, else python3} finds; failing both, a built-in list of what Spark provides is used.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=versions.env
+# shellcheck source-path=SCRIPTDIR source=versions.env
 source "$here/versions.env"
 : "${KAFKA_VERSION:?not set in versions.env}" "${SPARK_VERSION:?}" "${SCALA_BINARY_VERSION:?}"
-# The connector normally has Spark's own version; versions.env (or the environment) may pin it
-# apart when Maven Central lacks that exact release.
-SPARK_KAFKA_VERSION="${SPARK_KAFKA_VERSION:-$SPARK_VERSION}"
 cache="${EOP_CACHE:-$HOME/.cache/eop}"
 
 # Not components of their own, only how they are fetched: the broker's logging backend (Kafka's
@@ -33,11 +34,16 @@ cache="${EOP_CACHE:-$HOME/.cache/eop}"
 # the Maven plugin that copies the jars.
 LOG4J_VERSION=2.25.4
 DEPENDENCY_PLUGIN_VERSION=3.8.1
+# Used only while versions.env pins no SPARK_KAFKA_VERSION and Maven Central has no connector
+# release for $SPARK_VERSION itself (it has neither spark-sql-kafka nor spark-token-provider-kafka
+# 4.3.0; its newest token provider is 4.1.0-preview1). CONNECTOR:TOKEN_PROVIDER; smoke-tested with
+# pyspark 4.3.0 (batch read and write, availableNow stream).
+SPARK_KAFKA_FALLBACK=4.2.0:4.1.0-preview1
 
 log() { printf 'fetch-jars: %s\n' "$*" >&2; }
 
-# hash < input  -> a short hex digest
-hash() { sha256sum | cut -c1-16; }
+# digest < input  -> a short hex digest
+digest() { sha256sum | cut -c1-16; }
 
 # pom_xml NAME DEPENDENCY_XML... -> a throwaway pom with those dependencies.
 pom_xml() {
@@ -74,12 +80,13 @@ dep() {
     "$1" "$2" "$3" "${4:-}"
 }
 
-# copy_deps POM OUTDIR: every runtime dependency of POM into OUTDIR (fresh).
+# copy_deps POM OUTDIR LOG: every runtime dependency of POM into OUTDIR (fresh); Maven's output
+# goes to LOG.
 copy_deps() {
   rm -rf "$2"
   mkdir -p "$2"
-  mvn -q -B -Dstyle.color=never -f "$1" dependency:copy-dependencies \
-    -DincludeScope=runtime -DoutputDirectory="$2" -Dmdep.overWriteReleases=true >&2
+  mvn -q -B -f "$1" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$2" -Dmdep.overWriteReleases=true >"$3" 2>&1
 }
 
 # lock DIR: serialise concurrent fetches of the same directory (pytest workers, two shells).
@@ -98,7 +105,7 @@ fetch_kafka() {
     "$(dep org.apache.kafka kafka-tools "$KAFKA_VERSION")" \
     "$(dep org.apache.logging.log4j log4j-core "$LOG4J_VERSION")" \
     "$(dep org.apache.logging.log4j log4j-slf4j-impl "$LOG4J_VERSION")")"
-  stamp="$(hash <<<"$pom")"
+  stamp="$(digest <<<"$pom")"
   if [[ "$(cat "$dest/.complete" 2>/dev/null)" == "$stamp" ]]; then
     echo "$dest/libs"
     return
@@ -106,10 +113,14 @@ fetch_kafka() {
   lock "$dest"
   if [[ "$(cat "$dest/.complete" 2>/dev/null)" != "$stamp" ]]; then
     start=$SECONDS
-    log "fetching Kafka $KAFKA_VERSION into $dest (Maven local repo: ~/.m2)"
+    log "fetching Kafka $KAFKA_VERSION into $dest"
     rm -f "$dest/.complete"
     printf '%s\n' "$pom" >"$dest/pom.xml"
-    copy_deps "$dest/pom.xml" "$dest/libs.partial"
+    if ! copy_deps "$dest/pom.xml" "$dest/libs.partial" "$dest/mvn.log"; then
+      tail -n 30 "$dest/mvn.log" >&2
+      log "fetching Kafka $KAFKA_VERSION failed; Maven's output: $dest/mvn.log"
+      exit 1
+    fi
     rm -rf "$dest/libs"
     mv "$dest/libs.partial" "$dest/libs"
     echo "$stamp" >"$dest/.complete"
@@ -126,7 +137,9 @@ pyspark_jars_dir() {
   fi
   local py
   for py in "${PYTHON:-}" "$here/../.venv/bin/python" python3; do
-    [[ -n "$py" ]] && command -v "$py" >/dev/null 2>&1 || continue
+    if [[ -z "$py" ]] || ! command -v "$py" >/dev/null 2>&1; then
+      continue
+    fi
     # find_spec only locates the package: no pyspark import, no JVM.
     "$py" - <<'EOF' 2>/dev/null && return
 import importlib.util, os, sys
@@ -151,11 +164,18 @@ SPARK_PROVIDED="scala-library scala-reflect scala-parallel-collections_${SCALA_B
 spark-tags_${SCALA_BINARY_VERSION} slf4j-api jsr305 zstd-jni lz4-java snappy-java
 hadoop-client-api hadoop-client-runtime commons-logging"
 
+# The connector for $SPARK_VERSION: spark-sql-kafka at SPARK_KAFKA_VERSION, with its
+# spark-token-provider-kafka at SPARK_KAFKA_TOKEN_PROVIDER_VERSION (both may be pinned in
+# versions.env). Unpinned, the connector of $SPARK_VERSION itself is tried, then the fallback.
 fetch_spark() {
-  local dest="$cache/spark-kafka/$SPARK_KAFKA_VERSION" pom stamp start jars_dir provided jar name
-  pom="$(pom_xml spark-kafka-jars \
-    "$(dep org.apache.spark "spark-sql-kafka-0-10_${SCALA_BINARY_VERSION}" "$SPARK_KAFKA_VERSION")")"
-  stamp="$(hash <<<"$pom")"
+  local dest="$cache/spark-kafka/$SPARK_VERSION" stamp start jars_dir provided jar name
+  local versions_tried=() kafka_v token_v
+  if [[ -n "${SPARK_KAFKA_VERSION:-}" ]]; then
+    versions_tried=("$SPARK_KAFKA_VERSION:${SPARK_KAFKA_TOKEN_PROVIDER_VERSION:-$SPARK_KAFKA_VERSION}")
+  else
+    versions_tried=("$SPARK_VERSION:$SPARK_VERSION" "$SPARK_KAFKA_FALLBACK")
+  fi
+  stamp="$(printf '%s\n' "${versions_tried[@]}" "$SCALA_BINARY_VERSION" "$DEPENDENCY_PLUGIN_VERSION" | digest)"
   if [[ "$(cat "$dest/.complete" 2>/dev/null)" == "$stamp" ]]; then
     echo "$dest/jars"
     return
@@ -163,33 +183,62 @@ fetch_spark() {
   lock "$dest"
   if [[ "$(cat "$dest/.complete" 2>/dev/null)" != "$stamp" ]]; then
     start=$SECONDS
-    log "fetching spark-sql-kafka $SPARK_KAFKA_VERSION into $dest (Maven local repo: ~/.m2)"
     rm -f "$dest/.complete"
-    printf '%s\n' "$pom" >"$dest/pom.xml"
-    copy_deps "$dest/pom.xml" "$dest/all"
+    local ok=""
+    for pair in "${versions_tried[@]}"; do
+      kafka_v="${pair%%:*}"
+      token_v="${pair#*:}"
+      log "fetching spark-sql-kafka $kafka_v (token provider $token_v) for Spark $SPARK_VERSION into $dest"
+      spark_pom "$kafka_v" "$token_v" >"$dest/pom.xml"
+      if copy_deps "$dest/pom.xml" "$dest/all" "$dest/mvn.log"; then
+        ok=1
+        break
+      fi
+      log "not on Maven Central (or unreachable): spark-sql-kafka $kafka_v / token provider $token_v; see $dest/mvn.log"
+    done
+    if [[ -z "$ok" ]]; then
+      tail -n 30 "$dest/mvn.log" >&2
+      log "no Spark Kafka connector could be fetched; pin SPARK_KAFKA_VERSION in versions.env"
+      exit 1
+    fi
+    if [[ "$kafka_v" != "$SPARK_VERSION" || "$token_v" != "$SPARK_VERSION" ]]; then
+      log "WARNING: Spark is $SPARK_VERSION but its connector is spark-sql-kafka $kafka_v + token provider $token_v"
+    fi
     jars_dir="$(pyspark_jars_dir)"
     if [[ -n "$jars_dir" ]]; then
       log "leaving out what pyspark ships in $jars_dir"
       provided="$(for jar in "$jars_dir"/*.jar; do artifact_of "$(basename "$jar")"; done)"
     else
       log "no pyspark found (set PYSPARK_JARS_DIR): leaving out Spark's usual jars by name"
-      provided="$SPARK_PROVIDED"
+      provided="$(tr ' ' '\n' <<<"$SPARK_PROVIDED")"
     fi
     rm -rf "$dest/jars.partial"
     mkdir -p "$dest/jars.partial"
     for jar in "$dest/all"/*.jar; do
       name="$(artifact_of "$(basename "$jar")")"
-      if grep -qxF -- "$name" <<<"$(tr ' ' '\n' <<<"$provided")"; then
-        continue
-      fi
-      mv "$jar" "$dest/jars.partial/"
+      grep -qxF -- "$name" <<<"$provided" || mv "$jar" "$dest/jars.partial/"
     done
     rm -rf "$dest/all" "$dest/jars"
     mv "$dest/jars.partial" "$dest/jars"
+    printf 'spark-sql-kafka=%s token-provider=%s\n' "$kafka_v" "$token_v" >"$dest/CONNECTOR_VERSION"
     echo "$stamp" >"$dest/.complete"
     log "spark-kafka: $(cd "$dest/jars" && echo *.jar) in $((SECONDS - start))s"
   fi
   echo "$dest/jars"
+}
+
+# spark_pom CONNECTOR_VERSION TOKEN_PROVIDER_VERSION
+spark_pom() {
+  local connector="spark-sql-kafka-0-10_${SCALA_BINARY_VERSION}"
+  local token="spark-token-provider-kafka-0-10_${SCALA_BINARY_VERSION}"
+  if [[ "$1" == "$2" ]]; then
+    pom_xml spark-kafka-jars "$(dep org.apache.spark "$connector" "$1")"
+  else
+    pom_xml spark-kafka-jars \
+      "$(dep org.apache.spark "$connector" "$1" \
+        "<exclusions><exclusion><groupId>org.apache.spark</groupId><artifactId>$token</artifactId></exclusion></exclusions>")" \
+      "$(dep org.apache.spark "$token" "$2")"
+  fi
 }
 
 main() {

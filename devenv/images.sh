@@ -160,10 +160,9 @@ compute_tag() {
     } | sha256sum | cut -c1-12
 }
 
-# build_image NAME: build target NAME as localhost/eop-NAME:TAG and export it to the cache.
+# build_image NAME TAG: build target NAME as localhost/eop-NAME:TAG and export it to the cache.
 build_image() {
-    local name="$1" tag ref archive start
-    tag="$(compute_tag)"
+    local name="$1" tag="$2" ref archive start
     ref="localhost/eop-$name:$tag"
     archive="$images_dir/eop-$name-$tag.tar"
     if image_exists "$ref" && [[ -s "$archive" ]]; then
@@ -183,9 +182,14 @@ build_image() {
     log "built $ref in $((SECONDS - start))s"
     buildah push --quiet "$ref" "oci-archive:$archive.partial:$ref" >/dev/null
     mv "$archive.partial" "$archive"
-    # Keep one archive per image: older tags are superseded (their layers stay in buildah's
-    # storage as build cache).
+    # Keep one tag and one archive per image: older ones are superseded (their shared layers stay
+    # in buildah's storage as build cache).
     find "$images_dir" -maxdepth 1 -name "eop-$name-*.tar" ! -name "eop-$name-$tag.tar" -delete
+    local old
+    for old in $(buildah images --noheading --format '{{.Name}}:{{.Tag}}' \
+        --filter "reference=localhost/eop-$name"); do
+        [[ "$old" == "$ref" ]] || buildah rmi "$old" >/dev/null 2>&1 || true
+    done
     log "exported $archive ($(du -h "$archive" | cut -f1))"
     echo "$ref"
 }
@@ -206,10 +210,13 @@ main() {
     # One build at a time: buildah's layer cache and the archives are shared.
     exec 9>"$images_dir/.lock"
     flock 9
+    # One tag per run, so that both images of an `all` run share it even if files change meanwhile.
+    local tag
+    tag="$(compute_tag)"
     case "$what" in
         base) build_base; echo "$base_image" ;;
-        operator | spark) build_base; build_image "$what" ;;
-        all) build_base; build_image operator; build_image spark ;;
+        operator | spark) build_base; build_image "$what" "$tag" ;;
+        all) build_base; build_image operator "$tag"; build_image spark "$tag" ;;
     esac
 }
 

@@ -21,7 +21,7 @@ import argparse
 import base64
 import concurrent.futures
 import contextlib
-import os
+import ctypes
 import shutil
 import signal
 import socket
@@ -72,7 +72,7 @@ rootLogger.appenderRef.err.ref = ERR
 """
 
 
-class KafkaError(RuntimeError):
+class KafkaBrokerError(RuntimeError):
     """The broker could not be fetched, formatted or started, or a tool failed."""
 
 
@@ -85,13 +85,13 @@ def _fetch(what: str) -> Path:
         check=False,
     )
     if proc.returncode != 0:
-        raise KafkaError(
+        raise KafkaBrokerError(
             f"{FETCH_SCRIPT.name} {what} failed (exit {proc.returncode}):\n"
             f"{proc.stderr[-4000:]}{proc.stdout[-2000:]}"
         )
     lines = proc.stdout.strip().splitlines()
     if not lines:
-        raise KafkaError(f"{FETCH_SCRIPT.name} {what} printed no directory:\n{proc.stderr}")
+        raise KafkaBrokerError(f"{FETCH_SCRIPT.name} {what} printed no directory:\n{proc.stderr}")
     return Path(lines[-1])
 
 
@@ -107,8 +107,15 @@ def spark_kafka_jars() -> list[Path]:
     """
     jars = sorted(_fetch("spark").glob("*.jar"))
     if not jars:
-        raise KafkaError("the Spark Kafka connector jar directory is empty")
+        raise KafkaBrokerError("the Spark Kafka connector jar directory is empty")
     return jars
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the parent dies (no orphaned brokers)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _free_port() -> int:
@@ -166,7 +173,7 @@ class KafkaBroker:
     def port(self) -> int:
         """The PLAINTEXT listener's port (known after the first :meth:`start`)."""
         if self._port is None:
-            raise KafkaError("the broker has not been started")
+            raise KafkaBrokerError("the broker has not been started")
         return self._port
 
     @property
@@ -247,7 +254,6 @@ class KafkaBroker:
         return [
             "java",
             f"-Xmx{heap}",
-            "-XX:+UseG1GC",
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={log4j2}",
             "-cp",
@@ -255,6 +261,16 @@ class KafkaBroker:
             main_class,
             *args,
         ]
+
+    def _tool_java(self, main_class: str, *args: str) -> list[str]:
+        """A short-lived tool JVM: small heap, quick startup, warnings only on stderr."""
+        log4j2 = self.work_dir / "tools-log4j2.properties"
+        if not log4j2.exists():
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+            log4j2.write_text(_LOG4J2_TOOLS)
+        cmd = self._java("512m", log4j2, main_class, *args)
+        cmd[1:1] = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+        return cmd
 
     def _write_configs(self) -> Path:
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -268,9 +284,7 @@ class KafkaBroker:
     def _format(self, props: Path) -> None:
         if (self.data_dir / "meta.properties").exists():
             return  # a restart: keep the data
-        cmd = self._java(
-            "256m",
-            self.work_dir / "tools-log4j2.properties",
+        cmd = self._tool_java(
             "kafka.tools.StorageTool",
             "format",
             "--config",
@@ -279,14 +293,25 @@ class KafkaBroker:
             _random_cluster_id(),
             "--standalone",
         )
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
-        if proc.returncode != 0:
-            raise KafkaError(f"formatting {self.data_dir} failed:\n{proc.stdout}{proc.stderr}")
+        for attempt in (1, 2):
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
+            if proc.returncode == 0:
+                self._unclean_marker.unlink(missing_ok=True)  # a new broker: nothing to fence
+                return
+            # Once seen here: exit without a word (the JVM killed?). Retry once if it left
+            # nothing behind; a real error (bad config) fails the same way twice.
+            if attempt == 2 or (self.data_dir / "meta.properties").exists():
+                break
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+        raise KafkaBrokerError(
+            f"formatting {self.data_dir} failed (exit {proc.returncode}):\n"
+            f"{proc.stdout}{proc.stderr}"
+        )
 
     def start(self) -> Self:
         """Format (first time only) and start the broker; return once transactions work.
 
-        Raises :class:`KafkaError`, with the tail of the broker log, if it does not come up
+        Raises :class:`KafkaBrokerError`, with the tail of the broker log, if it does not come up
         within ``start_timeout`` seconds.
         """
         if self.running:
@@ -304,7 +329,7 @@ class KafkaBroker:
             try:
                 self._start_once()
                 return self
-            except KafkaError:
+            except KafkaBrokerError:
                 bind_race = "Address already in use" in _tail(self.log_path, 200)
                 if not (fresh and bind_race and attempt + 1 < attempts):
                     raise
@@ -322,37 +347,100 @@ class KafkaBroker:
             port, cport = self._ports_file().read_text().split()
             self._port, self._controller_port = int(port), int(cport)
 
-    def _start_once(self) -> None:
-        libs = self.libs  # fetch before the clock starts
-        props = self._write_configs()
-        self._format(props)
-        started = time.monotonic()
-        with self.log_path.open("ab") as log:
-            log.write(f"\n==== eop: starting broker on {self.bootstrap_servers}\n".encode())
+    @property
+    def _unclean_marker(self) -> Path:
+        """Exists while a broker JVM may be running; left behind by a crash or a kill."""
+        return self.work_dir / "broker.running"
+
+    def _spawn(self, props: Path, log_path: Path, banner: str) -> subprocess.Popen[bytes]:
+        with log_path.open("ab") as log:
+            log.write(f"\n==== eop: {banner}\n".encode())
             log.flush()
-            self._proc = subprocess.Popen(
+            return subprocess.Popen(
                 self._java(
-                    self.heap,
-                    self.work_dir / "log4j2.properties",
-                    "kafka.Kafka",
-                    str(props),
+                    self.heap, self.work_dir / "log4j2.properties", "kafka.Kafka", str(props)
                 ),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.work_dir,
                 start_new_session=True,
-                env={**os.environ, "KAFKA_HOME": str(libs.parent)},
+                # PR_SET_PDEATHSIG fires when the spawning *thread* ends: main thread only.
+                preexec_fn=(
+                    _die_with_parent
+                    if threading.current_thread() is threading.main_thread()
+                    else None
+                ),
             )
+
+    def _start_once(self) -> None:
+        _ = self.libs  # fetch before the clock starts
+        props = self._write_configs()
+        self._format(props)
+        started = time.monotonic()
+        # Kafka leaves .kafka_cleanshutdown after a controlled shutdown and removes it on start.
+        if self._unclean_marker.exists() and not (self.data_dir / ".kafka_cleanshutdown").exists():
+            self._fence_stale_registration(props, started + self.start_timeout)
+        self._unclean_marker.write_text("")
+        self._proc = self._spawn(
+            props, self.log_path, f"starting broker on {self.bootstrap_servers}"
+        )
         try:
             self._wait_ready(started + self.start_timeout)
         except BaseException as exc:
             self._kill()
-            if isinstance(exc, KafkaError):
-                raise KafkaError(
+            if isinstance(exc, KafkaBrokerError):
+                raise KafkaBrokerError(
                     f"{exc}\n--- tail of {self.log_path} ---\n{_tail(self.log_path)}"
                 ) from None
             raise
+
+    def _fence_stale_registration(self, props: Path, deadline: float) -> None:
+        """After a crash, let a controller-only run fence the dead broker before restarting.
+
+        In combined mode the restarted controller still holds the crashed broker's registration
+        until its session times out (``broker.session.timeout.ms``), and until then the new
+        broker cannot register but already acts as leader and transaction coordinator. If the
+        crash came right after a commit, the coordinator then drops the pending COMMIT markers
+        when the stale registration is fenced ("Couldn't find leader endpoint ... likely
+        deleted") and the partition's last stable offset hangs forever (Kafka 4.3.1, seen in
+        about a third of kill-restarts). Fencing first makes the broker come back as a new
+        incarnation whose coordinator re-sends the markers.
+        """
+        server = dict(line.split("=", 1) for line in props.read_text().splitlines() if "=" in line)
+        server["process.roles"] = "controller"
+        server["listeners"] = f"CONTROLLER://127.0.0.1:{self._controller_port}"
+        for key in ("advertised.listeners", "inter.broker.listener.name"):
+            server.pop(key, None)
+        controller_props = self.work_dir / "controller.properties"
+        controller_props.write_text("".join(f"{k}={v}\n" for k, v in server.items()))
+        log_path = self.work_dir / "fence.log"
+        size = log_path.stat().st_size if log_path.exists() else 0
+        proc = self._spawn(
+            controller_props, log_path, "unclean shutdown: fencing the stale broker registration"
+        )
+        session_timeout = int(server.get("broker.session.timeout.ms", "9000")) / 1000
+        activated: float | None = None
+        try:
+            while time.monotonic() < deadline and proc.poll() is None:
+                with log_path.open("rb") as log:
+                    log.seek(size)
+                    text = log.read()
+                if b"because its session has timed out" in text:
+                    break
+                if activated is None and b"Performing controller activation" in text:
+                    activated = time.monotonic()
+                if activated is not None and time.monotonic() > activated + session_timeout + 5:
+                    break  # nothing to fence after all
+                time.sleep(0.2)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
     def _wait_ready(self, deadline: float) -> None:
         """Wait until a transactional producer can commit on the broker."""
@@ -360,7 +448,7 @@ class KafkaBroker:
         while time.monotonic() < deadline:
             if not self.running:
                 code = self._proc.returncode if self._proc else None
-                raise KafkaError(f"the broker exited during startup (exit code {code})")
+                raise KafkaBrokerError(f"the broker exited during startup (exit code {code})")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1):
                     pass
@@ -370,10 +458,10 @@ class KafkaBroker:
             try:
                 self._probe_transactions(deadline)
                 return
-            except KafkaError as exc:  # anything else is a bug: raise it at once
+            except KafkaBrokerError as exc:  # anything else is a bug: raise it at once
                 last_error = str(exc)
                 time.sleep(0.5)
-        raise KafkaError(
+        raise KafkaBrokerError(
             f"the broker was not ready within {self.start_timeout:.0f}s: {last_error}"
         )
 
@@ -401,7 +489,7 @@ class KafkaBroker:
             producer.produce(_READY_TOPIC, b"ready")
             producer.commit_transaction(timeout)
         except KafkaException as exc:
-            raise KafkaError(f"transactional probe failed: {exc}") from exc
+            raise KafkaBrokerError(f"transactional probe failed: {exc}") from exc
         finally:
             producer.close()
 
@@ -410,13 +498,17 @@ class KafkaBroker:
         proc = self._proc
         if proc is None:
             return
+        clean = False
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout)
+                clean = True
             except subprocess.TimeoutExpired:
                 self._kill()
+        if clean:
+            self._unclean_marker.unlink(missing_ok=True)
         self._proc = None
 
     def kill(self) -> None:
@@ -455,11 +547,12 @@ class KafkaBroker:
     ) -> None:
         """Create a topic (replication factor 1) and wait until all its partitions have leaders.
 
-        Raises :class:`KafkaError` if it exists already, unless ``exist_ok``.
+        Raises :class:`KafkaBrokerError` if it exists already, unless ``exist_ok``.
         """
         from confluent_kafka import KafkaError as ClientError
         from confluent_kafka import KafkaException
-        from confluent_kafka.admin import AdminClient, NewTopic
+        from confluent_kafka.admin import AdminClient
+        from confluent_kafka.cimpl import NewTopic
 
         admin = AdminClient(self.client_config({"log_level": 3}))
         futures = admin.create_topics(
@@ -472,15 +565,15 @@ class KafkaBroker:
         except KafkaException as exc:
             err = exc.args[0]
             if not (exist_ok and err.code() == ClientError.TOPIC_ALREADY_EXISTS):
-                raise KafkaError(f"creating topic {name!r} failed: {err}") from exc
+                raise KafkaBrokerError(f"creating topic {name!r} failed: {err}") from exc
         except concurrent.futures.TimeoutError as exc:
-            raise KafkaError(f"creating topic {name!r} timed out after {timeout}s") from exc
+            raise KafkaBrokerError(f"creating topic {name!r} timed out after {timeout}s") from exc
         deadline = time.monotonic() + timeout
         while True:
             try:
                 meta = admin.list_topics(name, timeout=max(1.0, deadline - time.monotonic()))
             except KafkaException as exc:
-                raise KafkaError(f"describing topic {name!r} failed: {exc}") from exc
+                raise KafkaBrokerError(f"describing topic {name!r} failed: {exc}") from exc
             topic = meta.topics.get(name)
             if (
                 topic is not None
@@ -490,7 +583,7 @@ class KafkaBroker:
             ):
                 return
             if time.monotonic() > deadline:
-                raise KafkaError(f"topic {name!r} has no leaders after {timeout}s")
+                raise KafkaBrokerError(f"topic {name!r} has no leaders after {timeout}s")
             time.sleep(0.1)
 
     def run_tool(
@@ -505,14 +598,10 @@ class KafkaBroker:
         E.g. ``run_tool(CONSUMER_GROUPS_TOOL, "--bootstrap-server", b.bootstrap_servers,
         "--describe", "--group", "g")``. Pass ``--bootstrap-server`` yourself. Output is text;
         the tool's logging (warnings only) goes to stderr. With ``check``, a non-zero exit raises
-        :class:`KafkaError`.
+        :class:`KafkaBrokerError`.
         """
-        log4j2 = self.work_dir / "tools-log4j2.properties"
-        if not log4j2.exists():
-            self.work_dir.mkdir(parents=True, exist_ok=True)
-            log4j2.write_text(_LOG4J2_TOOLS)
         proc = subprocess.run(
-            self._java("512m", log4j2, main_class, *args),
+            self._tool_java(main_class, *args),
             capture_output=True,
             text=True,
             check=False,
@@ -520,7 +609,7 @@ class KafkaBroker:
             stdin=subprocess.DEVNULL,
         )
         if check and proc.returncode != 0:
-            raise KafkaError(
+            raise KafkaBrokerError(
                 f"{main_class} {' '.join(args)} exited {proc.returncode}:\n"
                 f"{proc.stdout}{proc.stderr}"
             )

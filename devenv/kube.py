@@ -606,7 +606,6 @@ class ControlPlane:
                 f"--client-ca-file={pki / 'ca.crt'}",
                 f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
                 f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
-                f"--kubelet-certificate-authority={pki / 'ca.crt'}",
                 "--authorization-mode=Node,RBAC",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.pub'}",
@@ -614,6 +613,9 @@ class ControlPlane:
                 f"--service-cluster-ip-range={self.service_cidr}",
                 # Aggregated APIs are reached via their endpoints, not ClusterIPs.
                 "--enable-aggregator-routing=true",
+                # Endpoints may not hold loopback IPs, so the apiserver cannot publish
+                # itself as the `kubernetes` Service's endpoint; don't try (log spam).
+                "--endpoint-reconciler-type=none",
                 "--allow-privileged=true",
                 "--profiling=false",
                 *self.extra_apiserver_args,
@@ -642,6 +644,9 @@ class ControlPlane:
                 f"--kubeconfig={config}",
                 f"--authentication-kubeconfig={config}",
                 f"--authorization-kubeconfig={config}",
+                # No front proxy: don't look up a requestheader CA in the cluster.
+                "--authentication-skip-lookup=true",
+                f"--client-ca-file={pki / 'ca.crt'}",
                 f"--bind-address={_LOOPBACK}",
                 f"--secure-port={self.controller_manager_port}",
                 f"--cert-dir={self.work_dir / 'controller-manager-certs'}",
@@ -669,6 +674,8 @@ class ControlPlane:
                 f"--kubeconfig={config}",
                 f"--authentication-kubeconfig={config}",
                 f"--authorization-kubeconfig={config}",
+                "--authentication-skip-lookup=true",
+                f"--client-ca-file={self.ca_cert}",
                 f"--bind-address={_LOOPBACK}",
                 f"--secure-port={self.scheduler_port}",
                 "--leader-elect=false",

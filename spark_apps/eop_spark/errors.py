@@ -20,6 +20,8 @@ termination message).
 
 from __future__ import annotations
 
+import re
+
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
 EXIT_CONFIG = 2
@@ -72,6 +74,58 @@ class ProgressConflict(PipelineFailed):
 
 
 def one_line(text: str, limit: int = 600) -> str:
-    """Collapse ``text`` to one line of at most ``limit`` characters (for logs and exit messages)."""
+    """Collapse ``text`` to one line of at most ``limit`` characters."""
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def from_failure(exc: BaseException) -> EopError:
+    """The user-facing error for ``exc``, which may have crossed Spark (task or py4j).
+
+    An :class:`EopError` raised in a Spark task reaches the driver as text inside
+    a Java exception; its class and message are recovered from that text so the
+    caller can tell retryable sink failures from fatal ones.
+    """
+    if isinstance(exc, EopError):
+        return exc
+    text = str(exc)
+    found = _RAISED_IN_TASK.findall(text)
+    if found:
+        name, message = found[-1]
+        kind = _ERRORS_BY_NAME.get(name, PipelineFailed)
+        return kind(message)
+    message = _python_exception_line(text) or _first_line(text) or type(exc).__name__
+    return PipelineFailed(message)
+
+
+def _python_exception_line(text: str) -> str:
+    """The ``Type: message`` line closing the last Python traceback inside ``text``."""
+    start = text.rfind("Traceback (most recent call last):")
+    if start < 0:
+        return ""
+    line = ""
+    for candidate in text[start:].splitlines()[1:]:
+        if candidate.startswith(("\tat ", " SQLSTATE")) or candidate.strip().startswith("at "):
+            break
+        if candidate and not candidate.startswith(" "):
+            line = candidate
+    return line.strip()
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+_RAISED_IN_TASK = re.compile(r"eop_spark\.errors\.(\w+): ([^\n]*)")
+_ERRORS_BY_NAME: dict[str, type[EopError]] = {
+    cls.__name__: cls
+    for cls in (
+        EopError,
+        ConfigError,
+        EnvironmentNotReady,
+        PipelineFailed,
+        SinkRetryable,
+        ProducerFenced,
+        ProgressConflict,
+    )
+}

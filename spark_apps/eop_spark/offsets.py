@@ -70,9 +70,9 @@ def starting_offsets(
     starting offsets.
     """
     if spec_starting == "earliest":
-        default, explicit = EARLIEST, {}
+        default, explicit = EARLIEST, dict[TopicPartition, int]()
     elif spec_starting == "latest":
-        default, explicit = LATEST, {}
+        default, explicit = LATEST, dict[TopicPartition, int]()
     else:
         default, explicit = EARLIEST, parse_spark_json(spec_starting)
     result: Offsets = {}
@@ -80,6 +80,33 @@ def starting_offsets(
         seen = committed.get(tp)
         result[tp] = seen if seen is not None and seen >= 0 else explicit.get(tp, default)
     return result
+
+
+#: Prefix of the commit metadata the sinks store with each offset of G.
+MARKER_PREFIX = "eop:v1"
+
+
+def batch_marker(query_id: str, batch_id: int) -> str:
+    """The offset-commit metadata naming the batch that moved G: ``eop:v1:<query>:<batch>``.
+
+    ``query_id`` is the Spark checkpoint's query id (stable across restarts of
+    one checkpoint), so a marker tells which checkpoint's batch is visible.
+    """
+    return f"{MARKER_PREFIX}:{query_id}:{batch_id}"
+
+
+def marked_batch(
+    metadata: Mapping[TopicPartition, str], partitions: Iterable[TopicPartition], query_id: str
+) -> int | None:
+    """The batch id that every one of ``partitions`` carries from query ``query_id``, if any."""
+    prefix = f"{MARKER_PREFIX}:{query_id}:"
+    batches = []
+    for tp in partitions:
+        marker = metadata.get(tp, "")
+        if not marker.startswith(prefix) or not marker[len(prefix) :].isdigit():
+            return None
+        batches.append(int(marker[len(prefix) :]))
+    return min(batches) if batches else None
 
 
 class BatchAction(StrEnum):
@@ -102,18 +129,30 @@ def decide_batch(
     committed: Mapping[TopicPartition, int],
     start: Mapping[TopicPartition, int],
     end: Mapping[TopicPartition, int],
+    *,
+    batch_id: int,
+    committed_batch: int | None = None,
 ) -> BatchDecision:
-    """Decide the coordinated sink's action for a batch ``[start, end)``.
+    """Decide the coordinated sink's action for batch ``batch_id`` reading ``[start, end)``.
 
-    One transaction moves G from the batch start to its end for every
-    partition at once, so with one writer G is either at ``start`` (run) or
-    at or past ``end`` (skip: a replay).  A partition of G strictly between
-    the two, or past ``start`` while others still need the batch, means a
-    writer with other batch boundaries (another checkpoint) got there first:
-    running would duplicate, so it is a conflict.  A partition G has never
-    seen, or G behind ``start`` (G reset by hand), is allowed and reported.
+    ``committed_batch`` is the batch id G's markers name for this checkpoint
+    (see :func:`marked_batch`).  One transaction moves G from the batch start
+    to its end for every partition at once, so with one writer G is either at
+    ``start`` (run) or at ``end`` with this batch's marker (skip: a replay).
+    The marker matters for batches that read no input (``start == end``):
+    Spark runs them for stateful queries to emit what a watermark closed, and
+    only the batch id tells them apart.  A batch that reads input is also
+    visible when G covers its end, whoever moved G.
+
+    A partition of G past ``start`` but short of ``end`` means a writer with
+    other batch boundaries (another checkpoint) got there first: running would
+    duplicate, so it is a conflict.  A partition G has never seen, or G behind
+    ``start`` (G reset by hand), is allowed and reported.
     """
-    if covers(committed, end):
+    if committed_batch is not None and committed_batch >= batch_id:
+        return BatchDecision(BatchAction.SKIP)
+    reads_input = any(end[tp] != start.get(tp, 0) for tp in end)
+    if reads_input and covers(committed, end):
         return BatchDecision(BatchAction.SKIP)
     ahead = {
         tp: committed[tp]
@@ -128,7 +167,9 @@ def decide_batch(
             f"{to_spark_json({tp: start.get(tp, 0) for tp in ahead})} but not at its end "
             f"{to_spark_json({tp: end[tp] for tp in ahead})}",
         )
-    behind = {tp: committed[tp] for tp, offset in start.items() if 0 <= committed.get(tp, -1) < offset}
+    behind = {
+        tp: committed[tp] for tp, offset in start.items() if 0 <= committed.get(tp, -1) < offset
+    }
     if behind:
         return BatchDecision(
             BatchAction.RUN,

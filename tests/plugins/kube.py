@@ -20,6 +20,16 @@ import pytest
 from devenv.kube import ControlPlane, build_binaries
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the binaries before any test runs (a cold build takes ~20 min on 2 cores,
+    which must not count against a test's timeout), but only if a selected test needs them.
+    """
+    if session.config.option.collectonly:
+        return
+    if any("control_plane" in getattr(item, "fixturenames", ()) for item in session.items):
+        build_binaries(quiet=True)
+
+
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A running control plane shared by the whole session; use its ``kubeconfig``."""

@@ -1,0 +1,152 @@
+"""Kafka client settings: the spec's options merged with mounted Secrets.
+
+Three kinds of clients talk to Kafka:
+
+* Spark's Kafka source (Java client) reads the source cluster;
+* librdkafka clients of the runner read source metadata (topic checks) and,
+  on the sink cluster, the progress group ``G`` and the transactional producers.
+
+A Secret directory holds one client property per file (``sasl.mechanism``,
+``sasl.username``...), as Kubernetes mounts Secrets.  Values are read here
+and passed to the clients; they are never logged (only property names are).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from eop_spark.config import RunConfig
+from eop_spark.errors import ConfigError
+from eop_spark.spec import duration_ms
+
+log = logging.getLogger(__name__)
+
+#: Properties the runner owns: setting them would break exactly-once.
+_SOURCE_OWNED = {"isolation.level": "read_committed", "enable.auto.commit": "false"}
+_SINK_FORBIDDEN = ("transactional.id", "enable.idempotence", "transaction.timeout.ms")
+
+# Java client properties librdkafka refuses with other messages than "no such property".
+_JAVA_ONLY_PREFIXES = ("ssl.truststore.", "ssl.keystore.", "sasl.jaas.config", "sasl.login.")
+_UNKNOWN_PROPERTY = re.compile(r'No such configuration property: "([^"]+)"')
+
+
+def read_secret_dir(directory: str | None) -> dict[str, str]:
+    """Read a mounted Secret: each regular file is a property, its content the value.
+
+    Kubernetes' bookkeeping entries (``..data`` and other dot names) are skipped;
+    one trailing newline (as ``kubectl create secret --from-file`` keeps it) is
+    dropped.
+    """
+    if directory is None:
+        return {}
+    root = Path(directory)
+    if not root.is_dir():
+        raise ConfigError(f"secret directory {directory} does not exist")
+    props: dict[str, str] = {}
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith(".") or not entry.is_file():
+            continue
+        value = entry.read_text()
+        props[entry.name] = value[:-1] if value.endswith("\n") else value
+    return props
+
+
+def spark_source_options(config: RunConfig) -> dict[str, str]:
+    """Options of Spark's Kafka source, except ``startingOffsets`` (chosen by the runner)."""
+    kafka = config.source.kafka
+    for key, required in _SOURCE_OWNED.items():
+        value = kafka.options.get(key)
+        if value is not None and value != required:
+            raise ConfigError(
+                f"source option {key}={value} is not allowed: exactly-once needs {key}={required}"
+            )
+    options = {
+        "kafka.bootstrap.servers": kafka.bootstrap_servers,
+        "kafka.isolation.level": "read_committed",
+        "failOnDataLoss": "true",
+        "includeHeaders": "true",
+    }
+    if kafka.topics is not None:
+        options["subscribe"] = ",".join(kafka.topics)
+    else:
+        assert kafka.topic_pattern is not None  # the spec's one_of guarantees it
+        options["subscribePattern"] = kafka.topic_pattern
+    if kafka.max_offsets_per_trigger is not None:
+        options["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)
+    for key, value in {**kafka.options, **read_secret_dir(config.source_secret_dir)}.items():
+        options[f"kafka.{key}"] = value
+    return options
+
+
+def source_client_config(config: RunConfig) -> dict[str, str]:
+    """librdkafka settings for the source cluster (topic metadata), Java-only keys dropped."""
+    kafka = config.source.kafka
+    props = {**kafka.options, **read_secret_dir(config.source_secret_dir)}
+    props.pop("isolation.level", None)
+    props.pop("enable.auto.commit", None)
+    return librdkafka_compatible({"bootstrap.servers": kafka.bootstrap_servers, **props})
+
+
+def sink_client_config(config: RunConfig) -> dict[str, str]:
+    """librdkafka settings shared by every client on the sink cluster (where G lives)."""
+    kafka = config.sink.kafka
+    for key in _SINK_FORBIDDEN:
+        if key in kafka.options:
+            raise ConfigError(f"sink option {key} is set by the runner and cannot be overridden")
+    return {
+        "bootstrap.servers": kafka.bootstrap_servers,
+        **kafka.options,
+        **read_secret_dir(config.sink_secret_dir),
+    }
+
+
+def producer_config(
+    client: Mapping[str, str], transactional_id: str, transaction_timeout: str
+) -> dict[str, str | int | bool]:
+    """A transactional producer's settings on top of the sink client settings."""
+    conf: dict[str, str | int | bool] = {
+        # Throughput defaults the user may override through sink options.
+        "linger.ms": 20,
+        "batch.size": 1_000_000,
+        "queue.buffering.max.messages": 500_000,
+        **client,
+        "transactional.id": transactional_id,
+        "enable.idempotence": True,
+        "transaction.timeout.ms": duration_ms(transaction_timeout),
+        # commit_transaction() reports failed deliveries; per-message reports would only cost.
+        "delivery.report.only.error": True,
+    }
+    return conf
+
+
+def librdkafka_compatible(conf: Mapping[str, str]) -> dict[str, str]:
+    """Drop the properties librdkafka does not know (Java-only ones shared with Spark).
+
+    librdkafka rejects unknown properties at client creation, and the source
+    Secret serves both the Java consumer and librdkafka, so unknown names are
+    dropped with a warning naming the property (never its value).
+    """
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    result = {k: v for k, v in conf.items() if not k.startswith(_JAVA_ONLY_PREFIXES)}
+    for name in sorted(set(conf) - set(result)):
+        log.warning("property %s is Java-only; runner clients skip it", name)
+    for _ in range(len(conf) + 1):
+        try:
+            AdminClient({**result, "log_level": 0})
+            return result
+        except KafkaException as exc:
+            match = _UNKNOWN_PROPERTY.search(str(exc))
+            if match is None or match.group(1) not in result:
+                raise ConfigError(f"invalid Kafka client setting: {exc.args[0]}") from exc
+            log.warning(
+                "property %s is not a librdkafka property; runner clients skip it", match.group(1)
+            )
+            del result[match.group(1)]
+    return result
+
+

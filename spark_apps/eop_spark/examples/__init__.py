@@ -1,0 +1,1 @@
+"""Example transforms: counting ad impressions exactly once (see impressions.py and *.yaml)."""

@@ -1,0 +1,143 @@
+"""The seed use case: count ad impressions perfectly, in two pipelines.
+
+1. ``clean`` (record-wise, partitioned mode): raw impression events, JSON such as
+   ``{"impression_id": "i-1", "campaign_id": "c-7", "event_time": "2026-05-01T10:00:03Z",
+   "placement": "top", "user_agent": "Mozilla/5.0", "is_bot": false}``,
+   are parsed; events with no id, no campaign, an unreadable time, or from a bot
+   are dropped; the rest is projected to ``{"impression_id", "campaign_id",
+   "event_time", "placement"}`` keyed by the impression id.
+2. ``count`` (stateful, coordinated mode): impressions per campaign per one-minute
+   event-time window, emitted once per window when the watermark passes it
+   (output mode append), as ``{"campaign_id", "window_start", "window_end",
+   "impressions"}`` keyed by the campaign id.
+
+Both exist as SQL (for ``transform.sql``) and as Python callables (for
+``transform.python``: module ``eop_spark.examples.impressions``).  The SQL
+version of the count has no watermark (Spark SQL cannot declare one), so it
+needs output mode ``update``; the Python version is the one to run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from eop_spark.sink_contract import PROVENANCE_COLUMNS
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+#: How late an impression may arrive and still be counted in its window.
+WATERMARK_DELAY = "30 seconds"
+#: The counting window.
+WINDOW = "1 minute"
+#: User agents treated as robots (case-insensitive regular expression).
+BOT_AGENTS = "bot|crawler|spider|headless"
+
+RAW_SCHEMA = (
+    "impression_id STRING, campaign_id STRING, event_time STRING, placement STRING, "
+    "user_agent STRING, is_bot BOOLEAN"
+)
+CLEAN_SCHEMA = "impression_id STRING, campaign_id STRING, event_time TIMESTAMP, placement STRING"
+
+
+def _raw(field: str) -> str:
+    return f"get_json_object(CAST(value AS STRING), '$.{field}')"
+
+
+#: ``clean`` as SQL: a plain projection/filter, so the runner keeps provenance itself.
+CLEAN_IMPRESSIONS_SQL = f"""
+SELECT
+  {_raw("impression_id")} AS key,
+  to_json(named_struct(
+    'impression_id', {_raw("impression_id")},
+    'campaign_id', {_raw("campaign_id")},
+    'event_time', try_to_timestamp({_raw("event_time")}),
+    'placement', {_raw("placement")}
+  )) AS value
+FROM source
+WHERE {_raw("impression_id")} IS NOT NULL
+  AND {_raw("campaign_id")} IS NOT NULL
+  AND try_to_timestamp({_raw("event_time")}) IS NOT NULL
+  AND coalesce({_raw("is_bot")}, 'false') <> 'true'
+  AND NOT lower(coalesce({_raw("user_agent")}, '')) RLIKE '{BOT_AGENTS}'
+"""
+
+#: ``count`` as SQL (no watermark in SQL: run it with outputMode update).
+COUNT_IMPRESSIONS_SQL = f"""
+SELECT
+  get_json_object(CAST(value AS STRING), '$.campaign_id') AS key,
+  to_json(named_struct(
+    'campaign_id', get_json_object(CAST(value AS STRING), '$.campaign_id'),
+    'window_start', w.start,
+    'window_end', w.end,
+    'impressions', count(*)
+  )) AS value
+FROM (
+  SELECT value,
+         window(CAST(get_json_object(CAST(value AS STRING), '$.event_time') AS TIMESTAMP),
+                '{WINDOW}') AS w
+  FROM source
+)
+GROUP BY get_json_object(CAST(value AS STRING), '$.campaign_id'), w
+"""
+
+
+def _is_bot(event: Column) -> Column:
+    from pyspark.sql import functions as F
+
+    agent = F.lower(F.coalesce(event["user_agent"], F.lit("")))
+    return F.coalesce(event["is_bot"], F.lit(False)) | agent.rlike(BOT_AGENTS)
+
+
+def clean_impressions(source: DataFrame) -> DataFrame:
+    """``clean`` as a Python transform; keeps the provenance columns (partitioned mode)."""
+    from pyspark.sql import functions as F
+
+    event = F.from_json(F.col("value").cast("string"), RAW_SCHEMA)
+    parsed = source.withColumn("event", event).withColumn(
+        "event_time", F.try_to_timestamp(F.col("event.event_time"))
+    )
+    valid = parsed.where(
+        F.col("event.impression_id").isNotNull()
+        & F.col("event.campaign_id").isNotNull()
+        & F.col("event_time").isNotNull()
+        & ~_is_bot(F.col("event"))
+    )
+    return valid.select(
+        F.col("event.impression_id").alias("key"),
+        F.to_json(
+            F.struct(
+                F.col("event.impression_id").alias("impression_id"),
+                F.col("event.campaign_id").alias("campaign_id"),
+                F.col("event_time"),
+                F.col("event.placement").alias("placement"),
+            )
+        ).alias("value"),
+        *PROVENANCE_COLUMNS,
+    )
+
+
+def count_impressions(source: DataFrame) -> DataFrame:
+    """``count`` as a Python transform: per campaign per minute, with a watermark (append)."""
+    from pyspark.sql import functions as F
+
+    impression = F.from_json(F.col("value").cast("string"), CLEAN_SCHEMA)
+    events = source.select(impression["campaign_id"].alias("campaign_id"),
+                           impression["event_time"].alias("event_time"))
+    counts = (
+        events.where(F.col("campaign_id").isNotNull() & F.col("event_time").isNotNull())
+        .withWatermark("event_time", WATERMARK_DELAY)
+        .groupBy("campaign_id", F.window("event_time", WINDOW))
+        .count()
+    )
+    return counts.select(
+        F.col("campaign_id").alias("key"),
+        F.to_json(
+            F.struct(
+                "campaign_id",
+                F.col("window.start").alias("window_start"),
+                F.col("window.end").alias("window_end"),
+                F.col("count").alias("impressions"),
+            )
+        ).alias("value"),
+    )

@@ -1,0 +1,132 @@
+"""The progress group ``G``: read its committed offsets, name it in transactions.
+
+``G`` is a consumer group on the *sink* cluster that no consumer joins.  Its
+offsets move only inside sink transactions (``send_offsets_to_transaction``),
+so they say exactly which input has visible output.  Reads ask for *stable*
+offsets: the broker refuses to answer while a transaction touching the
+partition is pending, and we wait for it to settle instead of reading a value
+that may still be rolled back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from eop_spark.errors import PipelineFailed
+from eop_spark.offsets import Offsets, TopicPartition
+
+#: How long a read waits for pending transactions to settle before giving up.
+DEFAULT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Progress:
+    """G's committed offsets and, per partition, the metadata committed with them."""
+
+    offsets: Offsets
+    metadata: dict[TopicPartition, str]
+
+
+class ProgressGroup:
+    """Reads the committed offsets of ``G`` (one idle consumer client per instance).
+
+    A consumer that never subscribes, with ``isolation.level=read_committed``,
+    asks for stable offsets (librdkafka sets ``require_stable`` then) and
+    waits out pending transactions.  (AdminClient's
+    ``list_consumer_group_offsets`` would do too, but librdkafka 2.16 crashes
+    in it while a fresh cluster's group coordinator is not available yet.)
+    """
+
+    def __init__(self, group: str, client_config: Mapping[str, Any]) -> None:
+        from confluent_kafka import Consumer
+
+        self.group = group
+        self._consumer = Consumer(
+            {
+                **client_config,
+                "group.id": group,
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "log_level": 0,
+            }
+        )
+
+    def committed(
+        self, partitions: Iterable[TopicPartition], timeout: float = DEFAULT_TIMEOUT_S
+    ) -> Offsets:
+        """Stable committed offsets of ``G`` for ``partitions`` (absent: never committed)."""
+        return self.read(partitions, timeout).offsets
+
+    def read(
+        self, partitions: Iterable[TopicPartition], timeout: float = DEFAULT_TIMEOUT_S
+    ) -> Progress:
+        """Stable committed offsets and their commit metadata (the batch markers).
+
+        Retriable errors (the coordinator loading or moving) are retried until
+        ``timeout``.
+        """
+        from confluent_kafka import KafkaException
+        from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+        wanted = sorted(set(partitions))
+        if not wanted:
+            return Progress({}, {})
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while True:
+            remaining = max(1.0, deadline - time.monotonic())
+            error: Any = None
+            try:
+                result = self._consumer.committed(
+                    [KafkaTopicPartition(t, p) for t, p in wanted], timeout=remaining
+                )
+                errors = [tp.error for tp in result if tp.error is not None]
+                if not errors:
+                    found = [tp for tp in result if tp.offset >= 0]
+                    return Progress(
+                        {(tp.topic, tp.partition): tp.offset for tp in found},
+                        {(tp.topic, tp.partition): tp.metadata or "" for tp in found},
+                    )
+                error = errors[0]
+            except KafkaException as exc:
+                error = exc.args[0]
+            if not _retriable(error):
+                raise PipelineFailed(f"cannot read progress group {self.group!r}: {error}")
+            if time.monotonic() + delay > deadline:
+                raise PipelineFailed(
+                    f"cannot read progress group {self.group!r} within {timeout:.0f}s: {error}"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def group_metadata(self) -> Any:
+        """The consumer-group metadata ``send_offsets_to_transaction`` needs to commit to ``G``.
+
+        No consumer ever joins ``G``, so the metadata of one that never
+        subscribes (generation -1, no member id) is the right one; it is
+        plain bytes, safe to ship to Spark tasks.
+        """
+        return self._consumer.consumer_group_metadata()
+
+    def close(self) -> None:
+        """Release the client."""
+        self._consumer.close()
+
+
+def _retriable(error: Any) -> bool:
+    from confluent_kafka import KafkaError
+
+    if not isinstance(error, KafkaError):
+        return False
+    return error.retriable() or error.code() in {
+        KafkaError.UNSTABLE_OFFSET_COMMIT,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+    }
+

@@ -1,0 +1,336 @@
+"""Run one pipeline: checks, Spark query, exactly-once sink, graceful stop.
+
+:func:`run` is the whole life of a runner process:
+
+1. find the connector jars, check both Kafka clusters and topics (seconds,
+   before Spark starts, so typos fail fast);
+2. start Spark, build the source stream (from G's offsets on a new checkpoint
+   generation), apply the transform, choose the commit mode;
+3. run the streaming query with the chosen sink in ``foreachBatch``;
+4. on SIGTERM (or SIGINT), let the batch in flight commit, then stop; with
+   ``trigger.availableNow`` stop when the input is consumed.
+
+Exit codes are documented in :mod:`eop_spark.errors`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from eop_spark import preflight
+from eop_spark.batch_log import BatchResult, configure_logging, log_batch
+from eop_spark.client_config import sink_client_config, source_client_config
+from eop_spark.config import RunConfig
+from eop_spark.errors import EXIT_OK, ConfigError, EopError, PipelineFailed, from_failure
+from eop_spark.jars import connector_jars
+from eop_spark.metrics import Counters, serve_metrics
+from eop_spark.offsets_log import HadoopFiles, LocalFiles, OffsetsLog, is_local
+from eop_spark.plan import ModeChoice, choose_mode, logical_blockers, physical_blockers
+from eop_spark.progress import ProgressGroup
+from eop_spark.session import build_session
+from eop_spark.sink_coordinated import CoordinatedSink
+from eop_spark.sink_partitioned import PartitionedSink
+from eop_spark.sink_settings import SinkSettings, take_over
+from eop_spark.source import read_kafka, resolve_starting_offsets
+from eop_spark.spec import CommitMode
+from eop_spark.transform import Transformed, apply_transform
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+log = logging.getLogger("eop_spark.runner")
+
+Sink = PartitionedSink | CoordinatedSink
+
+#: How often the supervising loop wakes up to look at signals and progress.
+POLL_S = 1
+
+
+class StopRequested(Exception):
+    """Raised in a batch that starts after a stop was asked: it is left for the next run."""
+
+
+class BatchGate:
+    """The foreachBatch entry point: runs the sink, and lets a stop wait for the batch in flight.
+
+    Stopping a Spark query interrupts the batch that runs, so a graceful stop
+    first closes the gate (no new batch starts its sink work) and waits until
+    the batch in flight has committed; only then is the query stopped.
+    """
+
+    def __init__(
+        self,
+        sink: Sink,
+        counters: Counters,
+        confirm_plan: Callable[[Sink], Sink] | None = None,
+    ) -> None:
+        """``confirm_plan`` may replace the sink at the first batch (after seeing its plan)."""
+        self.sink = sink
+        self.counters = counters
+        self._confirm_plan = confirm_plan
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._in_flight = False
+        self.idle = threading.Event()
+        self.results: dict[int, BatchResult] = {}
+        self.failure: EopError | None = None
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        """The ``foreachBatch`` function."""
+        with self._lock:
+            if self._stopping:
+                raise StopRequested(f"stopping: batch {batch_id} is left for the next run")
+            self._in_flight = True
+        try:
+            if self._confirm_plan is not None:
+                self.sink = self._confirm_plan(self.sink)
+                self._confirm_plan = None
+            result = self.sink(df, batch_id)
+            self.counters.record(result)
+            with self._lock:
+                self.results[batch_id] = result
+        except Exception as exc:
+            self.failure = from_failure(exc)
+            raise
+        finally:
+            with self._lock:
+                self._in_flight = False
+                if self._stopping:
+                    self.idle.set()
+
+    def close(self) -> None:
+        """Let no new batch start; :attr:`idle` is set once none is in flight."""
+        with self._lock:
+            self._stopping = True
+            if not self._in_flight:
+                self.idle.set()
+
+    def put_back(self, results: list[BatchResult]) -> None:
+        """Return results to log later."""
+        with self._lock:
+            self.results.update({r.batch_id: r for r in results})
+
+    def take_results(self) -> list[BatchResult]:
+        """The batch results not taken yet, in batch order."""
+        with self._lock:
+            results = [self.results.pop(b) for b in sorted(self.results)]
+        return results
+
+
+def _report_failure(error: EopError) -> None:
+    line = f"eop: error: {error.message}"
+    print(line, file=sys.stderr, flush=True)
+    path = os.environ.get("EOP_TERMINATION_LOG")
+    if path:
+        try:
+            with open(path, "w") as termination_log:
+                termination_log.write(line + "\n")
+        except OSError as exc:
+            log.warning("cannot write the termination log %s: %s", path, exc)
+
+
+def run(config: RunConfig, *, log_format: str = "text") -> int:
+    """Run the pipeline until stopped; return the process exit code."""
+    configure_logging(log_format)
+    stop = threading.Event()
+    _install_signal_handlers(stop)
+    try:
+        return _Run(config, stop).run()
+    except EopError as error:
+        _report_failure(error)
+        return error.exit_code
+    except Exception as exc:
+        log.exception("unexpected failure")
+        _report_failure(from_failure(exc))
+        return 1
+
+
+def _install_signal_handlers(stop: threading.Event) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return  # embedded (tests, benchmarks): the caller stops the run
+
+    def handler(signum: int, _frame: Any) -> None:
+        log.info("received %s: stopping after the batch in flight", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+class _Run:
+    """One run's state; :meth:`run` is the whole life cycle."""
+
+    def __init__(self, config: RunConfig, stop: threading.Event) -> None:
+        self.config = config
+        self.stop = stop
+        self.counters = Counters()
+
+    def run(self) -> int:
+        config = self.config
+        jars = connector_jars()
+        source_conf = source_client_config(config)
+        sink_conf = sink_client_config(config)
+        kafka = config.source.kafka
+        partitions = preflight.source_partitions(source_conf, kafka.topics, kafka.topic_pattern)
+        preflight.sink_partition_count(sink_conf, config.sink.kafka.topic)
+        if self.stop.is_set():
+            return EXIT_OK
+        if config.metrics_port is not None:
+            serve_metrics(self.counters, config.pipeline, config.metrics_port)
+
+        spark = build_session(config, jars)
+        query, gate = self.start_query(spark, partitions, sink_conf)
+        return self.supervise(query, gate)
+
+    def start_query(
+        self, spark: SparkSession, partitions: list[tuple[str, int]], sink_conf: dict[str, str]
+    ) -> tuple[StreamingQuery, BatchGate]:
+        """Take over the transactional ids, build the stream, start the query."""
+        config = self.config
+        files = LocalFiles() if is_local(config.checkpoint_location) else HadoopFiles(spark)
+        offsets_log = OffsetsLog(config.checkpoint_location, files)
+        progress = ProgressGroup(config.progress_group, sink_conf)
+        settings = SinkSettings(
+            topic=config.sink.kafka.topic,
+            client_config=sink_conf,
+            transactional_id_prefix=config.transactional_id_prefix,
+            transaction_timeout=config.sink.kafka.transaction_timeout,
+            group=config.progress_group,
+            group_metadata=progress.group_metadata(),
+        )
+        # Before reading G: aborts what a crashed or zombie runner left open.
+        taken = take_over(settings, partitions)
+        log.info("took over %d transactional ids %s.*", taken, config.transactional_id_prefix)
+        starting, why = resolve_starting_offsets(config, offsets_log, progress, partitions)
+        log.info("%s", why)
+        transformed = apply_transform(spark, read_kafka(spark, config, starting), config.transform)
+        choice = self.choose(transformed)
+        log.info("commit mode %s: %s", choice.mode.value, choice.reason)
+
+        coordinated = CoordinatedSink(settings, offsets_log, transformed.layout, progress)
+        sink: Sink = coordinated
+        if choice.mode == CommitMode.PARTITIONED:
+            sink = PartitionedSink(settings, offsets_log, transformed.layout)
+        started: list[StreamingQuery] = []
+        ready = threading.Event()
+
+        def confirm_plan(current: Sink) -> Sink:
+            # The physical plan exists only once a batch is planned: check it at the first one.
+            if not isinstance(current, PartitionedSink) or not ready.wait(60):
+                return current
+            plan = started[0]._jsq.streamingQuery().lastExecution().executedPlan().toString()
+            blockers = physical_blockers(str(plan))
+            if not blockers:
+                return current
+            problem = f"the physical plan has {', '.join(blockers)}"
+            if config.sink.kafka.commit_mode == CommitMode.PARTITIONED:
+                raise ConfigError(f"commitMode partitioned is not possible: {problem}")
+            log.warning("commit mode coordinated after all: %s", problem)
+            return coordinated
+
+        gate = BatchGate(sink, self.counters, confirm_plan)
+        try:
+            started.append(self.writer(transformed.df, gate).start())
+        except Exception as exc:
+            raise ConfigError(f"the query cannot start: {from_failure(exc).message}") from exc
+        ready.set()
+        return started[0], gate
+
+    def writer(self, df: DataFrame, gate: BatchGate) -> Any:
+        """The stream writer: foreachBatch into ``gate``, checkpoint, output mode, trigger."""
+        config = self.config
+        writer = (
+            df.writeStream.foreachBatch(gate)
+            .option("checkpointLocation", config.checkpoint_location)
+            .outputMode(config.transform.output_mode.value)
+            .queryName(config.pipeline.replace(".", "_").replace("-", "_"))
+        )
+        if config.trigger.available_now:
+            return writer.trigger(availableNow=True)
+        return writer.trigger(processingTime=f"{config.trigger.interval_ms()} milliseconds")
+
+    def choose(self, transformed: Transformed) -> ModeChoice:
+        """The commit mode for this query (see :func:`eop_spark.plan.choose_mode`)."""
+        analyzed = str(transformed.df._jdf.queryExecution().analyzed().toString())
+        return choose_mode(
+            self.config.sink.kafka.commit_mode,
+            logical_blockers(analyzed),
+            transformed.provenance,
+            transformed.provenance_reason,
+        )
+
+    def supervise(self, query: StreamingQuery, gate: BatchGate) -> int:
+        """Wait for the query to end or a stop request; log each batch; return the exit code."""
+        progress = _ProgressReader(query)
+        stopping = False
+        error: BaseException | None = None
+        while True:
+            if self.stop.is_set() and not stopping:
+                stopping = True
+                gate.close()
+            if stopping and gate.idle.is_set():
+                query.stop()
+                break
+            try:
+                if query.awaitTermination(POLL_S):
+                    break
+            except Exception as exc:
+                error = exc
+                break
+            self.emit(gate, progress, final=False)
+        self.emit(gate, progress, final=True)
+        if isinstance(gate.sink, CoordinatedSink):
+            gate.sink.close()
+        if gate.failure is not None:
+            raise gate.failure
+        if error is not None and not stopping:
+            raise PipelineFailed(f"the streaming query failed: {from_failure(error).message}")
+        log.info("stopped" if stopping else "the query finished (trigger availableNow)")
+        return EXIT_OK
+
+    def emit(self, gate: BatchGate, progress: _ProgressReader, *, final: bool) -> None:
+        """Log the finished batches, with their input row counts once Spark reported them."""
+        pending = gate.take_results()
+        if not pending:
+            return
+        rows_in, last_reported = progress.rows_in({r.batch_id for r in pending}, exhaustive=final)
+        waiting = []
+        for result in pending:
+            reported = result.batch_id in rows_in
+            # A batch older than the last report that no report mentions will never get one.
+            if reported or final or result.batch_id < last_reported:
+                result.rows_in = rows_in.get(result.batch_id)
+                if result.rows_in is not None:
+                    self.counters.add_rows_in(result.rows_in)
+                log_batch(log, result)
+            else:
+                waiting.append(result)
+        gate.put_back(waiting)
+
+
+class _ProgressReader:
+    """Input row counts per batch, from the query's progress reports."""
+
+    def __init__(self, query: StreamingQuery) -> None:
+        self.query = query
+
+    def rows_in(self, batch_ids: set[int], *, exhaustive: bool) -> tuple[dict[int, int], int]:
+        """``numInputRows`` of the ``batch_ids`` Spark reported, and the last reported batch id."""
+        last = self.query.lastProgress
+        last_id = int(last["batchId"]) if last else -1
+        reports = [last] if last else []
+        if exhaustive or min(batch_ids) < last_id:
+            reports = list(self.query.recentProgress)
+        found: dict[int, int] = {}
+        for report in reports:
+            # Idle triggers report the next batch id with no addBatch: not a batch.
+            if report["batchId"] in batch_ids and "addBatch" in report.get("durationMs", {}):
+                found[report["batchId"]] = report["numInputRows"]
+        return found, last_id

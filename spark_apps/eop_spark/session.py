@@ -1,0 +1,116 @@
+"""Build the SparkSession of a run: the connector jars, quiet logs, loopback in local mode."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from eop_spark.config import RunConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+# Spark's own logs go to stdout next to the runner's, warnings and up: stderr is
+# kept for the one error line a failed run ends with.
+_LOG4J2 = """\
+rootLogger.level = warn
+rootLogger.appenderRef.stdout.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_OUT
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.kafka.name = org.apache.kafka
+logger.kafka.level = error
+logger.kafka010.name = org.apache.spark.sql.kafka010
+logger.kafka010.level = error
+"""
+
+
+def _cores(config: RunConfig) -> int:
+    spark = config.spark
+    if spark.on_kubernetes:
+        return spark.executor.cores * spark.executor.instances
+    match = re.fullmatch(r"local\[(\d+)\]", spark.master)
+    return int(match.group(1)) if match else 1
+
+
+def session_conf(config: RunConfig, jars: list[Path], log4j2: Path) -> dict[str, str]:
+    """The Spark configuration of a run: the runner's defaults, then ``spec.spark.conf``."""
+    spark = config.spark
+    conf = {
+        "spark.app.name": f"eop-{config.pipeline}",
+        "spark.master": spark.master,
+        "spark.jars": ",".join(str(j) for j in jars),
+        "spark.driver.memory": spark.driver.memory,
+        "spark.ui.showConsoleProgress": "false",
+        # Event-time windows and JSON timestamps should not depend on the host's zone.
+        "spark.sql.session.timeZone": "UTC",
+        # Stateful queries keep this number for the checkpoint's life: size it to the cores
+        # instead of Spark's 200, which makes every micro-batch run 200 tiny tasks.
+        "spark.sql.shuffle.partitions": str(max(2, 2 * _cores(config))),
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j2}",
+    }
+    if spark.on_kubernetes:
+        conf |= {
+            "spark.executor.instances": str(spark.executor.instances),
+            "spark.executor.cores": str(spark.executor.cores),
+            "spark.executor.memory": spark.executor.memory,
+        }
+    else:
+        conf |= {
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.ui.enabled": "false",
+        }
+    user = dict(spark.conf)
+    if "spark.driver.extraJavaOptions" in user:
+        user["spark.driver.extraJavaOptions"] = (
+            f"{conf['spark.driver.extraJavaOptions']} {user['spark.driver.extraJavaOptions']}"
+        )
+    return conf | user
+
+
+def build_session(config: RunConfig, jars: list[Path]) -> SparkSession:
+    """Start (or join, in-process) the SparkSession for ``config``."""
+    from pyspark.sql import SparkSession
+
+    if not config.spark.on_kubernetes:
+        # Spark probes the host's addresses before reading its conf; keep it on loopback.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Python workers run this interpreter (with pyarrow and confluent-kafka) and find eop_spark.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    package_root = str(Path(__file__).resolve().parent.parent)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if package_root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
+    log4j2 = Path(tempfile.mkdtemp(prefix="eop-spark-")) / "log4j2.properties"
+    log4j2.write_text(_LOG4J2)
+    builder = SparkSession.builder
+    for key, value in session_conf(config, jars, log4j2).items():
+        builder = builder.config(key, value)
+    with _jvm_stderr_to_stdout():
+        return builder.getOrCreate()
+
+
+@contextlib.contextmanager
+def _jvm_stderr_to_stdout() -> Iterator[None]:
+    """Let the JVM (and the Python workers it forks) inherit stdout as their stderr.
+
+    The JVM writes start-up notes to stderr; the runner's stderr is reserved for
+    its one error line.  File descriptor 2 is swapped only while the JVM starts.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        os.dup2(1, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

@@ -1,0 +1,310 @@
+"""The partitioned commit mode: one transaction per source partition, inside Spark tasks.
+
+For record-wise queries each Spark task of a micro-batch reads exactly one
+source topic-partition ``(t, p)`` range ``[from, until)`` (``until`` from the
+checkpoint's ``offsets/N``).  The task, with the transactional producer
+``<prefix>.<t>.<p>``:
+
+1. makes sure the producer holds the id (``init_transactions`` when built:
+   fences every older holder and aborts its open transaction);
+2. reads ``c``, G's stable committed offset for ``(t, p)``;
+3. skips if ``c >= until`` (the range is visible already: a replay);
+4. else begins, adds ``{(t, p): until}`` for G to the transaction *first*
+   (a producer fenced since its last use fails here, before any row is
+   consumed, and is rebuilt), produces the rows with offset ``>= c``, commits.
+
+Reading ``c`` after the producer obtained its epoch is what makes this safe:
+a commit succeeds only if nobody initialised the id since, so nobody can have
+moved G in between.  A task whose rows were all filtered out has nothing to
+tell it its partition, and partitions with an empty range get no task at
+all: after the job the driver runs the same steps, with the same
+transactional id and no rows, for every partition no task reported on.  So
+after every completed batch G equals the batch's end offsets (invariant 5).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from typing import TYPE_CHECKING, Any
+
+from eop_spark.attempts import with_attempts
+from eop_spark.batch_log import BatchResult, BatchStatus
+from eop_spark.errors import PipelineFailed, ProducerFenced
+from eop_spark.offsets import Offsets, TopicPartition, batch_marker
+from eop_spark.offsets_log import OffsetsLog
+from eop_spark.progress import ProgressGroup
+from eop_spark.sink_contract import (
+    PROVENANCE_COLUMNS,
+    SOURCE_OFFSET,
+    SOURCE_PARTITION,
+    SOURCE_TOPIC,
+    OutputLayout,
+    produce_rows,
+)
+from eop_spark.sink_settings import SinkSettings
+from eop_spark.transactions import TransactionalProducer
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
+    from pyspark.sql import DataFrame
+
+log = logging.getLogger(__name__)
+
+MODE = "partitioned"
+
+#: One row per task that saw rows (and per partition the driver advanced).
+# Integers as long: Arrow infers int64 from Python ints.
+STATS_SCHEMA = (
+    "topic string, partition long, status string, rows_out long, txn_ms double, "
+    "fenced long, aborted long"
+)
+
+
+@dataclass(frozen=True)
+class PartitionOutcome:
+    """What one partition's share of a batch came to."""
+
+    topic: str
+    partition: int
+    status: str  # committed | skipped
+    rows_out: int
+    txn_ms: float
+    fenced: int
+    aborted: int
+
+
+@dataclass(frozen=True)
+class PartitionTask:
+    """Everything a Spark task needs for its partition (pickled into the task)."""
+
+    sink: SinkSettings
+    end_offsets: Offsets
+    layout: OutputLayout
+    marker: str
+
+
+# Per-process caches: a Spark Python worker serves many tasks and batches, and
+# building a producer (connect, init_transactions) costs more than a small batch.
+_producers: dict[tuple[str, str], TransactionalProducer] = {}
+_groups: dict[str, ProgressGroup] = {}
+
+
+def _fingerprint(conf: dict[str, Any]) -> str:
+    return hashlib.sha256(repr(sorted(conf.items())).encode()).hexdigest()
+
+
+def _progress_group(sink: SinkSettings) -> ProgressGroup:
+    key = _fingerprint({**sink.client_config, "group": sink.group})
+    if key not in _groups:
+        _groups[key] = ProgressGroup(sink.group, sink.client_config)
+    return _groups[key]
+
+
+def _producer(sink: SinkSettings, tp: TopicPartition, fresh: bool) -> TransactionalProducer:
+    conf = sink.producer_config(tp)
+    key = (sink.transactional_id(tp), _fingerprint(conf))
+    cached = _producers.get(key)
+    if cached is not None and (fresh or not cached.usable):
+        cached.close()
+        del _producers[key]
+        cached = None
+    if cached is None:
+        cached = _producers[key] = TransactionalProducer(conf)
+    return cached
+
+
+def _discard(sink: SinkSettings, tp: TopicPartition) -> None:
+    for key in [k for k in _producers if k[0] == sink.transactional_id(tp)]:
+        _producers.pop(key).close()
+
+
+def commit_partition(
+    task: PartitionTask,
+    tp: TopicPartition,
+    batches: Iterable[pa.RecordBatch],
+) -> PartitionOutcome:
+    """Produce ``tp``'s rows not yet in G and move G to ``until``, in one transaction.
+
+    ``batches`` are Arrow record batches of the output columns plus the
+    provenance columns, all from ``tp``; empty for an offsets-only commit.
+    """
+    sink, until = task.sink, task.end_offsets[tp]
+    fenced = 0
+    for attempt in range(3):
+        producer = _producer(sink, tp, fresh=attempt > 0)
+        committed = _progress_group(sink).committed([tp]).get(tp, -1)
+        if committed >= until:
+            _drain(batches)
+            return PartitionOutcome(tp[0], tp[1], BatchStatus.SKIPPED, 0, 0.0, fenced, 0)
+        started = time.monotonic()
+        try:
+            producer.begin()
+            # Offsets first: a producer fenced since its last use fails right here.
+            producer.send_offsets({tp: until}, sink.group_metadata, task.marker)
+        except ProducerFenced:
+            fenced += 1
+            continue
+        except BaseException:
+            producer.abort()
+            raise
+        try:
+            rows_out = _produce(producer, sink.topic, task.layout, tp, committed, batches)
+            producer.commit()
+        except BaseException:
+            aborted = producer.abort()
+            if not producer.usable:
+                _discard(sink, tp)
+            log.warning("transaction of %s aborted=%s", sink.transactional_id(tp), aborted)
+            raise
+        txn_ms = (time.monotonic() - started) * 1000.0
+        return PartitionOutcome(tp[0], tp[1], BatchStatus.COMMITTED, rows_out, txn_ms, fenced, 0)
+    raise ProducerFenced(
+        f"transactional id {sink.transactional_id(tp)!r} keeps being fenced: "
+        "another runner of this pipeline is writing"
+    )
+
+
+def _drain(batches: Iterable[Any]) -> None:
+    for _ in batches:
+        pass
+
+
+def _produce(
+    producer: TransactionalProducer,
+    topic: str,
+    layout: OutputLayout,
+    tp: TopicPartition,
+    committed: int,
+    batches: Iterable[pa.RecordBatch],
+) -> int:
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+    rows_out = 0
+    columns = layout.columns()
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        _check_single_partition(batch, tp)
+        offsets = batch.column(SOURCE_OFFSET)
+        if committed > 0 and pc.min(offsets).as_py() < committed:
+            # Part of this range is visible already (e.g. a writer with other batch bounds).
+            batch = batch.filter(pc.greater_equal(offsets, committed))
+        lists = [batch.column(name).to_pylist() for name in columns]
+        rows_out += produce_rows(producer, topic, zip(*lists, strict=True), layout)
+    return rows_out
+
+
+def _check_single_partition(batch: pa.RecordBatch, tp: TopicPartition) -> None:
+    import pyarrow.compute as pc
+
+    topics = pc.unique(batch.column(SOURCE_TOPIC)).to_pylist()
+    partitions = pc.unique(batch.column(SOURCE_PARTITION)).to_pylist()
+    if topics != [tp[0]] or partitions != [tp[1]]:
+        raise PipelineFailed(
+            "partitioned commit mode needs one source partition per Spark task, but a task "
+            f"got rows of {topics} / {partitions}; use commitMode coordinated for this query"
+        )
+
+
+def write_partition(
+    task: PartitionTask, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """The Spark task body (``mapInArrow``): commit this task's partition, yield its outcome."""
+    import pyarrow as pa
+
+    first = next((b for b in batches if b.num_rows), None)
+    if first is None:
+        return  # nothing to tell which partition this is: the driver advances G for it
+    tp = (first.column(SOURCE_TOPIC)[0].as_py(), first.column(SOURCE_PARTITION)[0].as_py())
+    if tp not in task.end_offsets:
+        raise PipelineFailed(f"rows of {tp} are not in this batch's offsets {task.end_offsets}")
+    outcome = commit_partition(task, tp, chain([first], batches))
+    yield pa.RecordBatch.from_pylist([outcome.__dict__])
+
+
+class PartitionedSink:
+    """The driver side: run the tasks, then advance G for partitions no task committed."""
+
+    mode = MODE
+
+    def __init__(
+        self,
+        sink: SinkSettings,
+        offsets_log: OffsetsLog,
+        layout: OutputLayout,
+        before_batch: Callable[[], None] | None = None,
+    ) -> None:
+        """``before_batch`` runs before each batch's job (the runner checks the plan there)."""
+        self.sink = sink
+        self.offsets_log = offsets_log
+        self.layout = layout
+        self.before_batch = before_batch
+
+    def __call__(self, df: DataFrame, batch_id: int) -> BatchResult:
+        """Commit batch ``batch_id`` (the foreachBatch body)."""
+        if self.before_batch is not None:
+            self.before_batch()
+        end = self.offsets_log.end_offsets(batch_id)
+        marker = batch_marker(self.offsets_log.query_id(), batch_id)
+        task = PartitionTask(self.sink, end, self.layout, marker)
+        outcomes: list[PartitionOutcome] = []
+
+        def attempt(_: int) -> None:
+            outcomes.clear()
+            rows = (
+                df.select(*self.layout.columns(), *PROVENANCE_COLUMNS)
+                .mapInArrow(functools.partial(write_partition, task), STATS_SCHEMA)
+                .collect()
+            )
+            outcomes.extend(PartitionOutcome(**row.asDict()) for row in rows)
+            outcomes.extend(self._advance_the_rest(task, outcomes))
+
+        failures: list[object] = []
+        with_attempts(f"batch {batch_id}", attempt, on_retry=failures.append)
+        result = summarize(batch_id, end, outcomes)
+        # A failed attempt's transactions were aborted (by the task, or by the next init).
+        result.aborted += len(failures)
+        return result
+
+    def _advance_the_rest(
+        self, task: PartitionTask, outcomes: Sequence[PartitionOutcome]
+    ) -> list[PartitionOutcome]:
+        """Offsets-only transactions for the partitions no task reported on.
+
+        Every task succeeded, so those partitions had no output rows in this
+        batch (or no task at all).  Each goes through the same steps as a task
+        (take the id, read G, skip or commit), so G reaches the batch end.
+        """
+        reported = {(o.topic, o.partition) for o in outcomes}
+        rest = sorted(tp for tp in task.end_offsets if tp not in reported)
+        return [commit_partition(task, tp, ()) for tp in rest]
+
+
+def summarize(batch_id: int, end: Offsets, outcomes: Sequence[PartitionOutcome]) -> BatchResult:
+    """One batch result from the partitions' outcomes."""
+    committed = [o for o in outcomes if o.status == BatchStatus.COMMITTED]
+    skipped = [o for o in outcomes if o.status == BatchStatus.SKIPPED]
+    if not committed:
+        status = BatchStatus.SKIPPED
+    elif skipped:
+        status = BatchStatus.PARTIAL_REPLAY
+    else:
+        status = BatchStatus.COMMITTED
+    return BatchResult(
+        batch_id=batch_id,
+        mode=MODE,
+        status=status,
+        rows_out=sum(o.rows_out for o in committed),
+        offsets=end,
+        txn_ms=max((o.txn_ms for o in committed), default=0.0),
+        transactions=len(committed),
+        skipped_partitions=len(skipped),
+        fenced=sum(o.fenced for o in outcomes),
+        aborted=sum(o.aborted for o in outcomes),
+    )

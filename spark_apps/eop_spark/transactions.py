@@ -1,0 +1,188 @@
+"""A confluent-kafka transactional producer with the error handling its docs prescribe.
+
+* retriable errors (``KafkaError.retriable()``): call the same API again;
+* abortable errors (``txn_requires_abort()``): abort the transaction; the
+  producer stays usable and the batch can be tried again;
+* fatal errors (``fatal()``, e.g. fenced by a newer holder of the id): the
+  producer is dead; a new one must be built (its ``init_transactions`` fences
+  in turn and aborts whatever was left open).
+
+Failures surface as :class:`~eop_spark.errors.SinkRetryable` (the caller may
+retry the batch), :class:`~eop_spark.errors.ProducerFenced` (a subclass: the
+caller rebuilds the producer first) or :class:`~eop_spark.errors.PipelineFailed`
+(no retry helps: authorization, unknown topic...).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from eop_spark.errors import PipelineFailed, ProducerFenced, SinkRetryable
+from eop_spark.offsets import Offsets
+
+log = logging.getLogger(__name__)
+
+#: How long one blocking transaction API call may retry retriable errors.
+CALL_TIMEOUT_S = 60.0
+
+T = TypeVar("T")
+
+
+def _kafka_error(exc: BaseException) -> Any:
+    args = getattr(exc, "args", ())
+    return args[0] if args else None
+
+
+def _is_fenced(error: Any) -> bool:
+    from confluent_kafka import KafkaError
+
+    return error.code() in {
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+    }
+
+
+class TransactionalProducer:
+    """One transactional id's producer: ``init_transactions`` on creation, then transactions."""
+
+    def __init__(self, conf: Mapping[str, Any], timeout: float = CALL_TIMEOUT_S) -> None:
+        """Create the producer and fence every older holder of its transactional id."""
+        from confluent_kafka import Producer
+
+        self.transactional_id: str = str(conf["transactional.id"])
+        self._fatal: Any = None
+        self.in_transaction = False
+        self._producer = Producer(
+            {
+                **conf,
+                "error_cb": self._on_error,
+                "logger": logging.getLogger("eop_spark.librdkafka"),
+            }
+        )
+        self._call(lambda t: self._producer.init_transactions(t), "init_transactions", timeout)
+
+    def _on_error(self, error: Any) -> None:
+        if error.fatal():
+            self._fatal = error
+
+    @property
+    def usable(self) -> bool:
+        """False once a fatal error (such as being fenced) killed the producer."""
+        return self._fatal is None
+
+    def _raise(self, error: Any, what: str) -> None:
+        text = f"{what} of transactional id {self.transactional_id!r} failed: {error}"
+        if error is not None and (error.fatal() or _is_fenced(error)):
+            self._fatal = error
+            if _is_fenced(error):
+                raise ProducerFenced(text)
+            raise SinkRetryable(text)
+        if error is not None and error.txn_requires_abort():
+            raise SinkRetryable(text)
+        raise PipelineFailed(text)
+
+    def _call(self, fn: Callable[[float], T], what: str, timeout: float) -> T:
+        """Run a blocking transaction API call, retrying retriable errors until ``timeout``."""
+        from confluent_kafka import KafkaException
+
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = max(1.0, deadline - time.monotonic())
+            try:
+                return fn(remaining)
+            except KafkaException as exc:
+                error = _kafka_error(exc)
+                if error is None or not error.retriable() or time.monotonic() >= deadline:
+                    self._raise(error, what)
+                    raise  # unreachable: _raise always raises
+                time.sleep(0.1)
+
+    def begin(self) -> None:
+        """Begin a transaction."""
+        from confluent_kafka import KafkaException
+
+        if self._fatal is not None:
+            self._raise(self._fatal, "begin_transaction")
+        try:
+            self._producer.begin_transaction()
+        except KafkaException as exc:
+            self._raise(_kafka_error(exc), "begin_transaction")
+        self.in_transaction = True
+
+    def send_offsets(
+        self,
+        offsets: Offsets,
+        group_metadata: Any,
+        marker: str = "",
+        timeout: float = CALL_TIMEOUT_S,
+    ) -> None:
+        """Add ``offsets`` for G (``marker`` as their metadata) to the open transaction."""
+        from confluent_kafka import TopicPartition
+
+        positions = [
+            TopicPartition(t, p, o, metadata=marker) for (t, p), o in sorted(offsets.items())
+        ]
+        self._call(
+            lambda t: self._producer.send_offsets_to_transaction(positions, group_metadata, t),
+            "send_offsets_to_transaction",
+            timeout,
+        )
+
+    def produce_one(
+        self, topic: str, value: Any, key: Any, kwargs: Mapping[str, Any] | None = None
+    ) -> None:
+        """Queue one record, waiting while the local queue is full."""
+        from confluent_kafka import KafkaException
+
+        producer = self._producer
+        while True:
+            try:
+                if kwargs:
+                    producer.produce(topic, value, key, **kwargs)
+                else:
+                    producer.produce(topic, value, key)
+                return
+            except BufferError:
+                # The local queue is full: let librdkafka send, then try again.
+                producer.poll(0.05)
+                if self._fatal is not None:
+                    self._raise(self._fatal, "produce")
+            except KafkaException as exc:
+                self._raise(_kafka_error(exc), "produce")
+
+    def commit(self, timeout: float = CALL_TIMEOUT_S) -> None:
+        """Commit the open transaction (flushes queued records first)."""
+        self._call(lambda t: self._producer.commit_transaction(t), "commit_transaction", timeout)
+        self.in_transaction = False
+
+    def abort(self, timeout: float = CALL_TIMEOUT_S) -> bool:
+        """Abort the open transaction, if the producer can; return whether it did."""
+        from confluent_kafka import KafkaException
+
+        if not self.in_transaction:
+            return False
+        self.in_transaction = False
+        if self._fatal is not None:
+            return False  # a dead producer cannot abort; the next init_transactions will
+        try:
+            self._producer.abort_transaction(timeout)
+            return True
+        except KafkaException as exc:
+            log.warning("abort of %s failed: %s", self.transactional_id, _kafka_error(exc))
+            self._fatal = _kafka_error(exc)
+            return False
+
+    def close(self) -> None:
+        """Drop queued records and release the client (an open transaction is left to abort)."""
+        from confluent_kafka import KafkaException
+
+        try:
+            self._producer.purge()
+            self._producer.flush(0)
+        except KafkaException:
+            pass
+

@@ -1,0 +1,235 @@
+"""The dev Kafka broker (devenv/kafka.py) really does what the exactly-once pipeline relies on.
+
+Transactions: a committed transaction is visible to a read_committed consumer, an aborted one is
+not. ``send_offsets_to_transaction`` to a group that no consumer ever joins (how the sink records
+its progress) makes the offsets visible to AdminClient and to the kafka-consumer-groups tool.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+
+from devenv.kafka import CONSUMER_GROUPS_TOOL, KafkaBroker
+from tests.plugins.kafka import TopicFactory
+
+pytestmark = pytest.mark.kafka
+
+TIMEOUT = 30.0
+
+
+def _producer(broker: KafkaBroker, **extra: Any) -> Producer:
+    return Producer(broker.client_config({"linger.ms": 5, "log_level": 3, **extra}))
+
+
+def _transactional_producer(broker: KafkaBroker) -> Producer:
+    producer = _producer(broker, **{"transactional.id": f"test-{uuid.uuid4().hex[:8]}"})
+    producer.init_transactions(TIMEOUT)
+    return producer
+
+
+def _read_all(broker: KafkaBroker, topic: str, isolation: str, until: bytes) -> list[bytes]:
+    """Read ``topic`` from the start with ``isolation`` until the value ``until`` shows up."""
+    consumer = Consumer(
+        broker.client_config(
+            {
+                "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+                "isolation.level": isolation,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "log_level": 3,
+            }
+        )
+    )
+    consumer.subscribe([topic])
+    values: list[bytes] = []
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        while until not in values:
+            assert time.monotonic() < deadline, f"{until!r} not read in {TIMEOUT}s: {values}"
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            error = msg.error()
+            if error is not None:
+                assert error.code() == KafkaError._PARTITION_EOF, error
+                continue
+            value = msg.value()
+            assert value is not None
+            values.append(value)
+    finally:
+        consumer.close()
+    return values
+
+
+def test_committed_transaction_visible_aborted_not(
+    kafka_broker: KafkaBroker, kafka_topic: str
+) -> None:
+    producer = _transactional_producer(kafka_broker)
+    try:
+        producer.begin_transaction()
+        for i in range(3):
+            producer.produce(kafka_topic, f"committed-{i}".encode())
+        producer.commit_transaction(TIMEOUT)
+
+        producer.begin_transaction()
+        for i in range(3):
+            producer.produce(kafka_topic, f"aborted-{i}".encode())
+        producer.flush(TIMEOUT)  # really on the broker, then aborted
+        producer.abort_transaction(TIMEOUT)
+
+        producer.begin_transaction()
+        producer.produce(kafka_topic, b"last")
+        producer.commit_transaction(TIMEOUT)
+    finally:
+        producer.close()
+
+    committed = _read_all(kafka_broker, kafka_topic, "read_committed", until=b"last")
+    assert committed == [b"committed-0", b"committed-1", b"committed-2", b"last"]
+    # The aborted records are in the log all the same: read_committed is what hides them.
+    uncommitted = _read_all(kafka_broker, kafka_topic, "read_uncommitted", until=b"last")
+    assert [v for v in uncommitted if v.startswith(b"aborted-")] == [
+        b"aborted-0",
+        b"aborted-1",
+        b"aborted-2",
+    ]
+
+
+def test_missing_topic_is_an_error(kafka_broker: KafkaBroker) -> None:
+    name = f"never-created-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient(kafka_broker.client_config({"log_level": 3}))
+    error = admin.list_topics(name, timeout=TIMEOUT).topics[name].error
+    assert error is not None
+    assert error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    # ... and asking did not create it (auto.create.topics.enable=false).
+    assert name not in admin.list_topics(timeout=TIMEOUT).topics
+
+
+@pytest.fixture
+def committed_group(
+    kafka_broker: KafkaBroker, kafka_topic_factory: TopicFactory
+) -> Iterator[tuple[str, str, dict[int, int]]]:
+    """A group whose offsets only ever came from ``send_offsets_to_transaction``.
+
+    Yields ``(group, input_topic, {partition: committed offset})``; the input topic holds
+    50 records in partition 0 and 10 in partition 1.
+    """
+    source = kafka_topic_factory(2, prefix="input")
+    sink = kafka_topic_factory(1, prefix="output")
+    plain = _producer(kafka_broker)
+    for partition, count in ((0, 50), (1, 10)):
+        for i in range(count):
+            plain.produce(source, f"in-{i}".encode(), partition=partition)
+    assert plain.flush(TIMEOUT) == 0
+    plain.close()
+
+    group = f"sink-{uuid.uuid4().hex[:8]}"
+    offsets = {0: 42, 1: 7}
+    # Only a carrier of the group id: it never subscribes, so no member ever joins the group.
+    metadata_only = Consumer(kafka_broker.client_config({"group.id": group, "log_level": 3}))
+    producer = _transactional_producer(kafka_broker)
+    try:
+        producer.begin_transaction()
+        producer.produce(sink, b"result")
+        producer.send_offsets_to_transaction(
+            [TopicPartition(source, p, o) for p, o in offsets.items()],
+            metadata_only.consumer_group_metadata(),
+            TIMEOUT,
+        )
+        producer.commit_transaction(TIMEOUT)
+    finally:
+        producer.close()
+        metadata_only.close()
+    yield group, source, offsets
+
+
+def test_send_offsets_to_transaction_without_group_members(
+    kafka_broker: KafkaBroker, committed_group: tuple[str, str, dict[int, int]]
+) -> None:
+    group, source, offsets = committed_group
+    admin = AdminClient(kafka_broker.client_config({"log_level": 3}))
+
+    futures = admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group)], require_stable=True, request_timeout=TIMEOUT
+    )
+    listed = futures[group].result(TIMEOUT)
+    got = {tp.partition: tp.offset for tp in listed.topic_partitions if tp.topic == source}
+    assert got == offsets
+
+    described = admin.describe_consumer_groups([group], request_timeout=TIMEOUT)[group].result(
+        TIMEOUT
+    )
+    assert described.members == []
+
+
+def _parse_consumer_groups_describe(stdout: str) -> list[dict[str, str]]:
+    """Rows of ``kafka-consumer-groups --describe``: a header line, then whitespace columns."""
+    rows: list[dict[str, str]] = []
+    header: list[str] | None = None
+    for line in stdout.splitlines():
+        cols = line.split()
+        if cols[:2] == ["GROUP", "TOPIC"]:
+            header = cols
+        elif header is not None and len(cols) >= len(header) - 3 and cols:
+            rows.append(dict(zip(header, cols, strict=False)))
+    return rows
+
+
+def test_consumer_groups_tool_shows_transactional_offsets(
+    kafka_broker: KafkaBroker, committed_group: tuple[str, str, dict[int, int]]
+) -> None:
+    group, source, offsets = committed_group
+    result = kafka_broker.run_tool(
+        CONSUMER_GROUPS_TOOL,
+        "--bootstrap-server",
+        kafka_broker.bootstrap_servers,
+        "--describe",
+        "--group",
+        group,
+        check=True,
+    )
+    rows = _parse_consumer_groups_describe(result.stdout)
+    assert rows, result.stdout + result.stderr
+    got = {
+        int(r["PARTITION"]): (int(r["CURRENT-OFFSET"]), int(r["LOG-END-OFFSET"]), int(r["LAG"]))
+        for r in rows
+        if r["GROUP"] == group and r["TOPIC"] == source
+    }
+    assert got == {0: (offsets[0], 50, 50 - offsets[0]), 1: (offsets[1], 10, 10 - offsets[1])}
+    assert "has no active members" in result.stdout + result.stderr
+
+
+@pytest.mark.slow  # a second broker, a crash and a restart: ~30-50 s here
+def test_crash_restart_keeps_port_and_committed_data(tmp_path: Path) -> None:
+    """Regression test for the hanging transaction after a kill (see KafkaBroker.start)."""
+    broker = KafkaBroker(tmp_path / "kafka", heap="512m")
+    with broker:
+        bootstrap = broker.bootstrap_servers
+        broker.create_topic("kept", 1)
+        producer = _transactional_producer(broker)
+        producer.begin_transaction()
+        producer.produce("kept", b"before-crash")
+        producer.commit_transaction(TIMEOUT)
+        producer.close()
+
+        broker.kill()  # a crash, no controlled shutdown
+        assert not broker.running
+        broker.start()
+        assert broker.bootstrap_servers == bootstrap
+        assert _read_all(broker, "kept", "read_committed", until=b"before-crash") == [
+            b"before-crash"
+        ]
+    assert not broker.running

@@ -1,0 +1,81 @@
+"""pytest plugin: a real Kafka broker (KRaft, single node, transactions on) from devenv/kafka.py.
+
+Fixtures:
+
+* ``kafka_broker`` (session): fetches the jars if needed (``devenv/fetch-jars.sh kafka``, a
+  no-op when cached), starts a :class:`devenv.kafka.KafkaBroker` in a temp dir and returns once
+  a transactional producer can commit on it; stopped at the end of the session. Use its
+  ``bootstrap_servers`` or ``client_config()``.
+* ``kafka_topic_factory`` (function): ``make(partitions=1, *, prefix=None, config=None) -> name``
+  creates a uniquely named topic (topics are never auto-created on this broker).
+* ``kafka_topic`` (function): one fresh single-partition topic's name.
+
+Nothing is fetched or started unless a test requests one of them. Tests using them should be
+marked ``@pytest.mark.kafka`` (tests that request ``kafka_broker`` get the mark automatically,
+so ``-m "not kafka"`` deselects them).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Protocol
+
+import pytest
+
+from devenv.kafka import KafkaBroker
+
+
+class TopicFactory(Protocol):
+    """The type of the ``kafka_topic_factory`` fixture."""
+
+    def __call__(
+        self,
+        partitions: int = 1,
+        *,
+        prefix: str | None = None,
+        config: Mapping[str, str] | None = None,
+    ) -> str:
+        """Create a uniquely named topic on the session broker and return its name."""
+        ...
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses the broker ``kafka``."""
+    for item in items:
+        if "kafka_broker" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.kafka)
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A running broker shared by the whole session (its log: ``kafka_broker.log_path``)."""
+    with KafkaBroker(tmp_path_factory.mktemp("kafka")) as broker:
+        yield broker
+
+
+@pytest.fixture
+def kafka_topic_factory(kafka_broker: KafkaBroker, request: pytest.FixtureRequest) -> TopicFactory:
+    """Create uniquely named topics: ``kafka_topic_factory(3)`` -> ``"test-name-1a2b3c4d"``."""
+    # A test that stopped or killed the shared broker leaves it restartable: same port, same data.
+    kafka_broker.start()
+    default_prefix = re.sub(r"[^a-zA-Z0-9._-]+", "-", request.node.name).strip("-")[:100]
+
+    def make(
+        partitions: int = 1,
+        *,
+        prefix: str | None = None,
+        config: Mapping[str, str] | None = None,
+    ) -> str:
+        name = f"{prefix or default_prefix or 'topic'}-{uuid.uuid4().hex[:8]}"
+        kafka_broker.create_topic(name, partitions, config=config)
+        return name
+
+    return make
+
+
+@pytest.fixture
+def kafka_topic(kafka_topic_factory: TopicFactory) -> str:
+    """The name of a fresh single-partition topic."""
+    return kafka_topic_factory(1)

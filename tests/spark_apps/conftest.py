@@ -1,0 +1,46 @@
+"""Fixtures for the data-plane tests: pipelines on the session broker, runners cleaned up."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from devenv.kafka import KafkaBroker, spark_kafka_jars
+from tests.plugins.kafka import TopicFactory
+from tests.spark_apps.harness import Pipeline
+
+PipelineFactory = Callable[..., Pipeline]
+
+
+@pytest.fixture(scope="session")
+def spark_jars() -> list[Path]:
+    """The Spark Kafka connector jars, fetched into the cache where the runner looks."""
+    return spark_kafka_jars()
+
+
+@pytest.fixture
+def make_pipeline(
+    kafka_broker: KafkaBroker,
+    kafka_topic_factory: TopicFactory,
+    spark_jars: list[Path],
+    tmp_path: Path,
+) -> Iterator[PipelineFactory]:
+    """``make_pipeline(source_partitions=4, sink_partitions=4)``: fresh topics and work dir."""
+    made: list[Pipeline] = []
+
+    def make(source_partitions: int = 4, sink_partitions: int = 4) -> Pipeline:
+        pipeline = Pipeline(
+            broker=kafka_broker,
+            work=tmp_path / f"pipeline-{len(made)}",
+            source_topic=kafka_topic_factory(source_partitions, prefix="in"),
+            sink_topic=kafka_topic_factory(sink_partitions, prefix="out"),
+        )
+        pipeline.work.mkdir(parents=True)
+        made.append(pipeline)
+        return pipeline
+
+    yield make
+    for pipeline in made:
+        pipeline.cleanup()

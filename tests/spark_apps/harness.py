@@ -1,0 +1,390 @@
+"""Drive real runner processes against the real broker, and check what readers see.
+
+A :class:`Pipeline` owns a source and a sink topic, a work directory and a run
+config; :meth:`Pipeline.start` launches ``python -m eop_spark run`` as its own
+process group (so a SIGKILL takes the JVM and the Python workers with it, as a
+container kill does) and returns a :class:`Runner` that parses its JSON log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    Producer,
+    TopicPartition,
+)
+
+from devenv.kafka import KafkaBroker
+
+REPO = Path(__file__).resolve().parents[2]
+SPARK_APPS = REPO / "spark_apps"
+
+Offsets = dict[tuple[str, int], int]
+
+#: Spark settings that keep a test runner small and quick on a 2-core machine.
+TEST_SPARK = {
+    "master": "local[2]",
+    "driver": {"memory": "1g"},
+    "conf": {
+        "spark.sql.shuffle.partitions": "2",
+        "spark.default.parallelism": "2",
+        "spark.sql.streaming.minBatchesToRetain": "20",
+    },
+}
+
+
+def runner_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a runner process: eop_spark and the test modules importable."""
+    env = dict(os.environ)
+    paths = [str(SPARK_APPS), str(REPO), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    env.pop("EOP_TERMINATION_LOG", None)
+    env.setdefault("PYTHONFAULTHANDLER", "1")  # a crash of the runner leaves a trace
+    env.update(extra or {})
+    return env
+
+
+class Runner:
+    """One ``python -m eop_spark run`` process and its log."""
+
+    def __init__(self, args: list[str], log_dir: Path, env: dict[str, str]) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        tag = f"{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.stdout_path = log_dir / f"runner-{tag}.out"
+        self.stderr_path = log_dir / f"runner-{tag}.err"
+        self.started = time.time()
+        with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "eop_spark", *args],
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=REPO,
+                start_new_session=True,
+            )
+
+    # -- log ----------------------------------------------------------------------------------
+
+    def records(self) -> list[dict[str, Any]]:
+        """The JSON log records written so far (other stdout lines, e.g. the JVM's, skipped)."""
+        found = []
+        for line in self.stdout_path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(json.JSONDecodeError):
+                    found.append(json.loads(line))
+        return found
+
+    def batches(self) -> list[dict[str, Any]]:
+        """The per-batch log records."""
+        return [r for r in self.records() if r.get("event") == "batch"]
+
+    def messages(self) -> list[str]:
+        """The text of every log record."""
+        return [str(r.get("msg", "")) for r in self.records()]
+
+    @property
+    def stderr(self) -> str:
+        """What the runner wrote on stderr."""
+        return self.stderr_path.read_text(errors="replace")
+
+    def tail(self, lines: int = 40) -> str:
+        """The end of both outputs, for assertion messages."""
+        out = self.stdout_path.read_text(errors="replace").splitlines()[-lines:]
+        return "\n".join(["--- stdout", *out, "--- stderr", self.stderr])
+
+    # -- control ------------------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        """Whether the runner process still runs."""
+        return self.proc.poll() is None
+
+    def wait_for(self, what: str, predicate: Callable[[], bool], timeout: float) -> None:
+        """Poll ``predicate`` until true; fail (with the log) on timeout or an early exit."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if not self.alive:
+                raise AssertionError(f"runner exited ({self.proc.returncode}) before {what}\n"
+                                     f"{self.tail()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}\n"
+                                     f"{self.tail()}")
+            time.sleep(0.2)
+
+    def wait_batches(self, count: int, timeout: float = 180) -> None:
+        """Wait until ``count`` batches are logged."""
+        self.wait_for(f"{count} batches", lambda: len(self.batches()) >= count, timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: runner, JVM, Python workers."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+
+    def terminate(self) -> None:
+        """SIGTERM the runner process only (as Kubernetes signals a container's main process)."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float = 120) -> int:
+        """Wait for the exit code (killing the group on timeout)."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"runner did not exit within {timeout}s\n{self.tail()}") from None
+
+    def cleanup(self) -> None:
+        """Make sure nothing of this runner is left running."""
+        if self.alive:
+            self.kill()
+        else:
+            # The JVM may outlive a runner that exited badly: clear the group.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+@dataclass
+class Pipeline:
+    """One pipeline under test: topics, run config, runners, and output checks."""
+
+    broker: KafkaBroker
+    work: Path
+    source_topic: str
+    sink_topic: str
+    name: str = field(default_factory=lambda: f"p{uuid.uuid4().hex[:8]}")
+    runners: list[Runner] = field(default_factory=list)
+
+    @property
+    def pipeline_id(self) -> str:
+        """``<namespace>.<name>``."""
+        return f"test.{self.name}"
+
+    @property
+    def group(self) -> str:
+        """The progress group G."""
+        return f"eop.{self.pipeline_id}"
+
+    def config(self, **overrides: Any) -> dict[str, Any]:
+        """The run config as JSON data; top-level keys in ``overrides`` replace the defaults."""
+        bootstrap = self.broker.bootstrap_servers
+        config: dict[str, Any] = {
+            "pipeline": self.pipeline_id,
+            "source": {"kafka": {"bootstrapServers": bootstrap, "topics": [self.source_topic]}},
+            "transform": {"sql": "SELECT key, value FROM source"},
+            "sink": {"kafka": {"bootstrapServers": bootstrap, "topic": self.sink_topic}},
+            "trigger": {"processingTime": "1s"},
+            "spark": TEST_SPARK,
+            "transactionalIdPrefix": self.group,
+            "progressGroup": self.group,
+            "checkpointRoot": str(self.work / "checkpoints"),
+        }
+        config.update(overrides)
+        return config
+
+    def write_config(self, config: Mapping[str, Any], name: str = "run.json") -> Path:
+        """Write a run config into the work dir."""
+        path = self.work / name
+        path.write_text(json.dumps(config, indent=2))
+        return path
+
+    def start(
+        self,
+        config: Mapping[str, Any] | Path,
+        *,
+        generation: int | None = None,
+        env: Mapping[str, str] | None = None,
+        extra_args: Iterable[str] = (),
+    ) -> Runner:
+        """Start a runner on ``config`` (data or a written file)."""
+        path = config if isinstance(config, Path) else self.write_config(config)
+        args = ["run", "--config", str(path), "--log-format", "json", *extra_args]
+        if generation is not None:
+            args += ["--generation", str(generation)]
+        runner = Runner(args, self.work / "logs", runner_env(env))
+        self.runners.append(runner)
+        return runner
+
+    def cleanup(self) -> None:
+        """Stop every runner this pipeline started."""
+        for runner in self.runners:
+            runner.cleanup()
+
+    # -- Kafka views ------------------------------------------------------------------------
+
+    def progress(self) -> Offsets:
+        """G's stable committed offsets for the source partitions."""
+        # A consumer's committed() asks for stable offsets under read_committed (and, unlike
+        # AdminClient.list_consumer_group_offsets in librdkafka 2.16, survives a fresh broker).
+        consumer = Consumer(
+            client_config(
+                self.broker, group_id=self.group, isolation_level="read_committed",
+                enable_auto_commit=False,
+            )
+        )
+        try:
+            partitions = [TopicPartition(t, p) for (t, p) in self.end_offsets()]
+            return {
+                (tp.topic, tp.partition): tp.offset
+                for tp in consumer.committed(partitions, timeout=60)
+                if tp.offset >= 0
+            }
+        finally:
+            consumer.close()
+
+    def end_offsets(self, topic: str | None = None) -> Offsets:
+        """The source topic's end offsets (high watermarks)."""
+        return end_offsets(self.broker, topic or self.source_topic)
+
+    def caught_up(self) -> bool:
+        """Whether G equals the source end offsets."""
+        return self.progress() == self.end_offsets()
+
+    def output(self, topic: str | None = None) -> list[tuple[bytes | None, bytes | None]]:
+        """Every (key, value) a read_committed reader sees in the sink topic."""
+        return read_committed(self.broker, topic or self.sink_topic)
+
+
+def client_config(broker: KafkaBroker, **settings: Any) -> dict[str, Any]:
+    """A confluent-kafka config for the test broker; ``linger_ms=5`` means ``linger.ms``."""
+    return {"bootstrap.servers": broker.bootstrap_servers} | {
+        key.replace("_", "."): value for key, value in settings.items()
+    }
+
+
+def end_offsets(broker: KafkaBroker, topic: str) -> Offsets:
+    """High watermarks of every partition of ``topic``."""
+    consumer = Consumer(client_config(broker, group_id="eop-test-offsets"))
+    try:
+        meta = consumer.list_topics(topic, timeout=10)
+        return {
+            (topic, p): consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in meta.topics[topic].partitions
+        }
+    finally:
+        consumer.close()
+
+
+def read_committed(
+    broker: KafkaBroker, topic: str, timeout: float = 60
+) -> list[tuple[bytes | None, bytes | None]]:
+    """Read ``topic`` from the start to its end as a read_committed consumer."""
+    ends = end_offsets(broker, topic)
+    consumer = Consumer(
+        client_config(
+            broker,
+            group_id=f"eop-test-reader-{uuid.uuid4().hex[:6]}",
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+            enable_partition_eof=True,
+        )
+    )
+    records: list[tuple[bytes | None, bytes | None]] = []
+    reached: dict[tuple[str, int], int] = {}
+    try:
+        consumer.assign([TopicPartition(t, p, 0) for (t, p) in ends])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for message in consumer.consume(10_000, 0.5):
+                error = message.error()
+                if error is None:
+                    records.append((message.key(), message.value()))
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    # EOF comes after markers and aborted records too: a sure end.
+                    reached[(message.topic(), message.partition())] = message.offset()
+            if all(reached.get(tp, -1) >= end for tp, end in ends.items()):
+                return records
+        raise AssertionError(f"could not read {topic} to its end {ends} within {timeout}s")
+    finally:
+        consumer.close()
+
+
+def produce(
+    broker: KafkaBroker,
+    topic: str,
+    records: Iterable[tuple[str, str, int]],
+) -> int:
+    """Produce (key, value, partition) records, flushed; return how many."""
+    producer = Producer(client_config(broker, linger_ms=20, compression_type="lz4"))
+    count = 0
+    for key, value, partition in records:
+        while True:
+            try:
+                producer.produce(topic, value.encode(), key.encode(), partition=partition)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        count += 1
+    producer.flush(60)
+    return count
+
+
+def kill_repeatedly(
+    pipeline: Pipeline,
+    config: Mapping[str, Any],
+    kills: int,
+    rng: random.Random,
+    *,
+    generation: Callable[[int], int | None] = lambda _: None,
+) -> list[Runner]:
+    """Start the runner and SIGKILL it ``kills`` times at random moments.
+
+    Most kills land 0-2.5 s after a batch was logged, i.e. while the next
+    batch is reading, producing or committing; every third lands at a random
+    time after start (planning, recovery, taking over the ids).
+    """
+    runners = []
+    for round_ in range(kills):
+        runner = pipeline.start(config, generation=generation(round_))
+        runners.append(runner)
+        if round_ % 3 == 2:
+            deadline = time.monotonic() + rng.uniform(3, 25)
+            while time.monotonic() < deadline and runner.alive:
+                time.sleep(0.1)
+        else:
+            seen = len(runner.batches())
+            runner.wait_for("a batch", lambda r=runner, s=seen: len(r.batches()) > s, 240)
+            time.sleep(rng.uniform(0, 2.5))
+        assert runner.alive, f"runner died on its own before kill {round_}\n{runner.tail()}"
+        runner.kill()
+    return runners
+
+
+def finish(pipeline: Pipeline, config: Mapping[str, Any], *, timeout: float = 600) -> Runner:
+    """Run until G reaches the source end, then stop it with SIGTERM (exit 0)."""
+    runner = pipeline.start(config)
+    runner.wait_for("G to reach the source end offsets", pipeline.caught_up, timeout)
+    runner.terminate()
+    assert runner.wait(180) == 0, runner.tail()
+    return runner
+
+
+def assert_exactly_once(
+    output: Iterable[tuple[bytes | None, bytes | None]], expected_keys: Iterable[str]
+) -> None:
+    """Every expected key is in the output exactly once, and nothing else is."""
+    seen = Counter(k.decode() if k is not None else None for k, _ in output)
+    duplicates = {k: n for k, n in seen.items() if n > 1}
+    expected = set(expected_keys)
+    missing = expected - set(seen)
+    unexpected = set(seen) - expected
+    assert not duplicates, f"{len(duplicates)} keys repeated, e.g. {list(duplicates.items())[:5]}"
+    assert not missing, f"{len(missing)} keys missing, e.g. {sorted(missing)[:5]}"
+    assert not unexpected, f"{len(unexpected)} unexpected keys, e.g. {sorted(unexpected)[:5]}"

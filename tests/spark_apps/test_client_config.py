@@ -1,0 +1,108 @@
+"""Kafka client settings: spec options, mounted Secrets, and what the runner owns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eop_spark.client_config import (
+    librdkafka_compatible,
+    producer_config,
+    read_secret_dir,
+    sink_client_config,
+    source_client_config,
+    spark_source_options,
+)
+from eop_spark.config import RunConfig
+from eop_spark.errors import ConfigError
+
+
+def make_config(**overrides: Any) -> RunConfig:
+    data: dict[str, Any] = {
+        "pipeline": "ns.p",
+        "source": {"kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["a", "b"]}},
+        "transform": {"sql": "SELECT value FROM source"},
+        "sink": {"kafka": {"bootstrapServers": "127.0.0.1:8", "topic": "out"}},
+        "transactionalIdPrefix": "eop.ns.p",
+        "progressGroup": "eop.ns.p",
+        "checkpointRoot": "/tmp/ck",
+    }
+    data.update(overrides)
+    return RunConfig.model_validate(data)
+
+
+def secret_dir(root: Path, **props: str) -> Path:
+    root.mkdir()
+    for name, value in props.items():
+        (root / name).write_text(value)
+    # What a Kubernetes Secret mount also contains.
+    (root / "..data").mkdir()
+    (root / "..data" / "ignored").write_text("x")
+    return root
+
+
+def test_secret_dir_is_one_property_per_file(tmp_path: Path) -> None:
+    root = secret_dir(tmp_path / "s", **{"sasl.username": "u\n", "sasl.password": "p"})
+    assert read_secret_dir(str(root)) == {"sasl.username": "u", "sasl.password": "p"}
+    assert read_secret_dir(None) == {}
+    with pytest.raises(ConfigError):
+        read_secret_dir(str(tmp_path / "missing"))
+
+
+def test_spark_source_options(tmp_path: Path) -> None:
+    root = secret_dir(tmp_path / "s", **{"sasl.mechanism": "PLAIN"})
+    config = make_config(
+        source={"kafka": {"bootstrapServers": "h:1", "topicPattern": "ev.*",
+                          "maxOffsetsPerTrigger": 10, "options": {"fetch.min.bytes": "1"}}},
+        sourceSecretDir=str(root),
+    )
+    options = spark_source_options(config)
+    assert options["subscribePattern"] == "ev.*" and "subscribe" not in options
+    assert options["kafka.isolation.level"] == "read_committed"
+    assert options["failOnDataLoss"] == "true"
+    assert options["maxOffsetsPerTrigger"] == "10"
+    assert options["kafka.fetch.min.bytes"] == "1"
+    assert options["kafka.sasl.mechanism"] == "PLAIN"
+    assert spark_source_options(make_config())["subscribe"] == "a,b"
+
+
+def test_source_isolation_level_cannot_be_weakened() -> None:
+    config = make_config(source={"kafka": {"bootstrapServers": "h:1", "topics": ["a"],
+                                           "options": {"isolation.level": "read_uncommitted"}}})
+    with pytest.raises(ConfigError, match="read_committed"):
+        spark_source_options(config)
+
+
+def test_sink_options_and_secrets_merge_but_transactional_settings_are_owned(
+    tmp_path: Path,
+) -> None:
+    root = secret_dir(tmp_path / "s", **{"sasl.password": "secret"})
+    config = make_config(
+        sink={"kafka": {"bootstrapServers": "h:2", "topic": "o",
+                        "options": {"compression.type": "lz4"}}},
+        sinkSecretDir=str(root),
+    )
+    assert sink_client_config(config) == {
+        "bootstrap.servers": "h:2", "compression.type": "lz4", "sasl.password": "secret"
+    }
+    bad = make_config(sink={"kafka": {"bootstrapServers": "h:2", "topic": "o",
+                                      "options": {"transactional.id": "x"}}})
+    with pytest.raises(ConfigError, match=r"transactional\.id"):
+        sink_client_config(bad)
+
+
+def test_producer_config() -> None:
+    conf = producer_config({"bootstrap.servers": "h:2", "linger.ms": "1"}, "eop.p.t.0", "90s")
+    assert conf["transactional.id"] == "eop.p.t.0"
+    assert conf["transaction.timeout.ms"] == 90_000
+    assert conf["enable.idempotence"] is True
+    assert conf["linger.ms"] == "1"  # the user's option wins over the runner's default
+
+
+def test_java_only_properties_are_dropped_for_librdkafka() -> None:
+    conf = {"bootstrap.servers": "127.0.0.1:9", "ssl.truststore.location": "/x",
+            "client.id": "c"}
+    assert librdkafka_compatible(conf) == {"bootstrap.servers": "127.0.0.1:9", "client.id": "c"}
+    assert source_client_config(make_config())["bootstrap.servers"] == "127.0.0.1:9"

@@ -1,0 +1,31 @@
+"""The Spark configuration a run gets: loopback and quiet locally, user settings last."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eop_spark.session import session_conf
+from tests.spark_apps.test_client_config import make_config
+
+
+def test_local_runs_stay_on_loopback_and_size_shuffles_to_the_cores() -> None:
+    conf = session_conf(make_config(spark={"master": "local[3]"}), [Path("/j/a.jar")],
+                        Path("/tmp/l.properties"))
+    assert conf["spark.driver.bindAddress"] == "127.0.0.1"
+    assert conf["spark.ui.enabled"] == "false"
+    assert conf["spark.sql.shuffle.partitions"] == "6"
+    assert conf["spark.jars"] == "/j/a.jar"
+    assert conf["spark.sql.session.timeZone"] == "UTC"
+
+
+def test_user_conf_wins_and_java_options_are_appended() -> None:
+    config = make_config(spark={"master": "k8s://https://api:6443",
+                                "executor": {"instances": 3, "cores": 2},
+                                "conf": {"spark.sql.shuffle.partitions": "64",
+                                         "spark.driver.extraJavaOptions": "-Dx=1"}})
+    conf = session_conf(config, [], Path("/tmp/l.properties"))
+    assert conf["spark.sql.shuffle.partitions"] == "64"
+    assert conf["spark.executor.instances"] == "3"
+    assert "spark.driver.bindAddress" not in conf
+    assert conf["spark.driver.extraJavaOptions"].endswith("-Dx=1")
+    assert "log4j2.configurationFile" in conf["spark.driver.extraJavaOptions"]
