@@ -19,6 +19,7 @@ from eop_operator.api.load import InvalidPipeline, load_pipeline, plain
 from eop_operator.api.models import PipelineStatus
 from eop_operator.api.resolve import IdentityChanged, resolve_identity
 from eop_operator.kube.client import KubeClient
+from eop_operator.kube.events import post_event
 from eop_operator.reconcile.status import DriverObservation, judge, ready_column, status_patch
 from eop_operator.render import MissingImage, checkpoint_root, render_pipeline
 from eop_operator.render.naming import MANAGED_BY, checkpoint_claim_name, driver_name
@@ -67,7 +68,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=KOPF_PREFIX, key="last-handled-configuration"
     )
+    # Our events are posted by kube.events; kopf posts only its own warnings and errors.
     settings.posting.level = logging.WARNING
+    # Least privilege: no cluster-wide CRD or namespace listing; resources are named explicitly.
+    settings.scanning.disabled = True
     settings.watching.server_timeout = 270
     memo.client = KubeClient(lambda: _login(settings))
     memo.options = OPTIONS
@@ -119,7 +123,7 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: An
             pipeline, default_image=memo.options.default_image, generation=generation
         )
     except (InvalidPipeline, IdentityChanged, MissingImage) as exc:
-        kopf.warn(body, reason="InvalidSpec", message=str(exc))
+        await post_event(memo.client, body, type="Warning", reason="InvalidSpec", message=str(exc))
         _report(body, patch, suspend=False, driver=None, error=str(exc))
         raise kopf.PermanentError(str(exc)) from None
 
@@ -144,8 +148,10 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: An
         },
     )
     if pipeline.status.spec_hash != rendered.spec_hash:
-        kopf.info(
+        await post_event(
+            client,
             body,
+            type="Normal",
             reason="Applied",
             message=f"driver {driver_name(pipeline)} at spec hash {rendered.spec_hash}, "
             f"checkpoint generation {generation} ({checkpoint_root(pipeline)})",
@@ -198,7 +204,13 @@ async def finalize(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         return  # nothing was created for an invalid pipeline's checkpoint
     claim = checkpoint_claim_name(pipeline)
     if not retains_checkpoint(pipeline):
-        kopf.info(body, reason="CheckpointDeleted", message=f"claim {claim} goes with the pipeline")
+        await post_event(
+            memo.client,
+            body,
+            type="Normal",
+            reason="CheckpointDeleted",
+            message=f"claim {claim} goes with the pipeline",
+        )
         return
     client: KubeClient = memo.client
     namespace = pipeline.metadata.namespace
@@ -207,4 +219,10 @@ async def finalize(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await client.patch(
             "v1", "PersistentVolumeClaim", namespace, claim, {"metadata": {"ownerReferences": None}}
         )
-    kopf.info(body, reason="CheckpointRetained", message=f"claim {claim} kept (retention Retain)")
+    await post_event(
+        client,
+        body,
+        type="Normal",
+        reason="CheckpointRetained",
+        message=f"claim {claim} kept (retention Retain)",
+    )

@@ -29,6 +29,7 @@ _KINDS: dict[tuple[str, str], tuple[str, str]] = {
     ("v1", "Service"): ("/api/v1", "services"),
     ("v1", "ServiceAccount"): ("/api/v1", "serviceaccounts"),
     ("v1", "Pod"): ("/api/v1", "pods"),
+    ("v1", "Event"): ("/api/v1", "events"),
     ("apps/v1", "StatefulSet"): ("/apis/apps/v1", "statefulsets"),
     ("rbac.authorization.k8s.io/v1", "Role"): ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
@@ -152,6 +153,14 @@ class KubeClient:
             content_type="application/apply-patch+yaml",
             params={"fieldManager": FIELD_MANAGER, "force": "true"},
         )
+        assert result is not None
+        return result
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create a namespaced object (``metadata.generateName`` works here)."""
+        meta = obj["metadata"]
+        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"])
+        result = await self._request("POST", path, body=obj)
         assert result is not None
         return result
 
