@@ -16,10 +16,11 @@ deps: setup
 	bash devenv/build-kube.sh
 	bash devenv/fetch-jars.sh
 
-## crds: regenerate crds/ and charts/eop/crds/ from the pydantic models
+## crds: regenerate crds/, charts/eop/crds/ and docs/api.md from the pydantic models
 crds: setup
 	.venv/bin/eop crd > crds/$(CRD)
 	mkdir -p charts/eop/crds && cp crds/$(CRD) charts/eop/crds/$(CRD)
+	$(PY) -c 'from eop_operator.api.reference import api_reference; print(api_reference())' > docs/api.md
 
 ## lint: ruff, mypy and the duplicates check
 lint: setup

@@ -6,6 +6,7 @@ module only moves data between kopf, the API server and those functions.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 from dataclasses import dataclass
@@ -128,14 +129,16 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: An
         raise kopf.PermanentError(str(exc)) from None
 
     client: KubeClient = memo.client
-    applied: dict[str, Any] = {}
-    for obj in rendered.objects:
-        applied[obj["kind"]] = await client.apply(obj)
+    # Everything the driver mounts or runs as goes first, concurrently; the StatefulSet last,
+    # so its pod never starts without its ConfigMap and claim.
+    *supporting, statefulset = rendered.objects
+    await asyncio.gather(*(client.apply(obj) for obj in supporting))
+    applied_statefulset = await client.apply(statefulset)
     _report(
         body,
         patch,
         suspend=pipeline.spec.suspend,
-        driver=DriverObservation.from_statefulset(applied["StatefulSet"]),
+        driver=DriverObservation.from_statefulset(applied_statefulset),
         extra={
             "transactionalIdPrefix": identity.transactional_id_prefix,
             "progressGroup": identity.progress_group,

@@ -64,3 +64,11 @@ def test_crd_has_status_subresource_short_name_and_columns() -> None:
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns[:3] == ["Phase", "Ready", "Lag"]
     assert "Checkpoint-Gen" in columns and "Age" in columns
+
+
+def test_api_reference_matches_the_models() -> None:
+    from eop_operator.api.reference import api_reference
+
+    committed = (ROOT / "docs" / "api.md").read_text()
+    assert committed == api_reference() + "\n", "docs/api.md drifted: run `make crds`"
+    assert "`spec.transactions.idPrefix`" in committed
