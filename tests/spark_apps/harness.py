@@ -370,6 +370,8 @@ def kill_repeatedly(
 def finish(pipeline: Pipeline, config: Mapping[str, Any], *, timeout: float = 600) -> Runner:
     """Run until G reaches the source end, then stop it with SIGTERM (exit 0)."""
     runner = pipeline.start(config)
+    runner.wait_for("the query to start",
+                    lambda: any(m.startswith("commit mode") for m in runner.messages()), timeout)
     runner.wait_for("G to reach the source end offsets", pipeline.caught_up, timeout)
     runner.terminate()
     assert runner.wait(180) == 0, runner.tail()

@@ -131,7 +131,7 @@ class Transactions(SpecModel):
 
 
 class UpgradeMode(StrEnum):
-    """How a restart-worthy change is rolled out (see docs/lifecycle.md)."""
+    """How a restart-worthy change is rolled out (see docs/api.md)."""
 
     LAST_STATE = "last-state"
     COMMITTED_OFFSETS = "committed-offsets"
