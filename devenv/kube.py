@@ -174,11 +174,14 @@ class ControlPlane:
         start_timeout: float = 180.0,
         extra_apiserver_args: Sequence[str] = (),
         extra_controller_manager_args: Sequence[str] = (),
+        apiserver_port: int = 0,
     ) -> None:
         """Configure (but do not start) a control plane in ``work_dir``.
 
         ``scheduler`` also runs kube-scheduler (only useful with a kubelet).
         ``extra_*_args`` are appended to the component's command line.
+        ``apiserver_port`` fixes the apiserver's port (0: a free one at each start), so that
+        kubeconfigs and in-cluster settings stay valid across restarts.
         """
         self.work_dir = Path(work_dir).resolve()
         self.binaries = binaries if binaries is not None else KubeBinaries.from_cache()
@@ -187,6 +190,7 @@ class ControlPlane:
         self.start_timeout = start_timeout
         self.extra_apiserver_args = list(extra_apiserver_args)
         self.extra_controller_manager_args = list(extra_controller_manager_args)
+        self.fixed_apiserver_port = apiserver_port
         self.pki_dir = self.work_dir / "pki"
         self.log_dir = self.work_dir / "logs"
         self.etcd_data_dir = self.work_dir / "etcd-data"
@@ -229,6 +233,11 @@ class ControlPlane:
     def log_path(self, component: str) -> Path:
         """Log file of ``component`` (``etcd``, ``kube-apiserver``, ...)."""
         return self.log_dir / f"{component}.log"
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """Process ids of the started components, by name (``etcd``, ``kube-apiserver``, ...)."""
+        return {p.name: p.popen.pid for p in self._procs}
 
     @property
     def running(self) -> bool:
@@ -410,6 +419,23 @@ class ControlPlane:
 
     # ------------------------------------------------------------------- PKI
 
+    def issue_certificate(
+        self, name: str, subject: str, usage: str, sans: str | None = None
+    ) -> tuple[Path, Path]:
+        """Sign ``pki/<name>.crt`` (key ``pki/<name>.key``) with the cluster CA.
+
+        ``subject`` like ``/O=system:nodes/CN=system:node:n1``, ``usage`` an extendedKeyUsage
+        (``clientAuth``, ``serverAuth`` or both, comma-separated), ``sans`` a subjectAltName
+        value (``IP:127.0.0.1,DNS:localhost``). An existing certificate is kept. Needs the CA,
+        i.e. a started (or once started) control plane.
+        """
+        self._leaf(name, subject, usage, sans)
+        return self.pki_dir / f"{name}.crt", self.pki_dir / f"{name}.key"
+
+    def cert_kubeconfig(self, name: str, user: str) -> Path:
+        """Write ``kubeconfigs/<name>.kubeconfig`` authenticating with ``pki/<name>.crt``."""
+        return self._cert_kubeconfig(name, user)
+
     def _make_pki(self) -> None:
         pki = self.pki_dir
         if not (pki / "ca.crt").exists():
@@ -590,7 +616,18 @@ class ControlPlane:
         self._wait(proc, f"{client}/health", deadline)
 
     def _start_apiserver(self, deadline: float) -> None:
-        self.apiserver_port = _free_port()
+        if self.fixed_apiserver_port:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind((_LOOPBACK, self.fixed_apiserver_port))
+                except OSError as exc:
+                    raise ControlPlaneError(
+                        f"apiserver port {_LOOPBACK}:{self.fixed_apiserver_port} is taken: {exc}"
+                    ) from exc
+            self.apiserver_port = self.fixed_apiserver_port
+        else:
+            self.apiserver_port = _free_port()
         pki = self.pki_dir
         proc = self._spawn(
             "kube-apiserver",

@@ -112,6 +112,8 @@ def producer_config(
         "linger.ms": 20,
         "batch.size": 1_000_000,
         "queue.buffering.max.messages": 500_000,
+        # Keyed records land where Java producers (and Spark's Kafka sink) put them.
+        "partitioner": "murmur2_random",
         **client,
         "transactional.id": transactional_id,
         "enable.idempotence": True,

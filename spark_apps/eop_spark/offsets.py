@@ -178,7 +178,3 @@ def decide_batch(
         )
     return BatchDecision(BatchAction.RUN)
 
-
-def offsets_span(start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int]) -> int:
-    """How many offsets ``[start, end)`` spans over all partitions (records plus markers)."""
-    return sum(max(0, offset - start.get(tp, offset)) for tp, offset in end.items())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from eop_spark.errors import EnvironmentNotReady
@@ -17,14 +16,6 @@ from eop_spark.offsets import TopicPartition
 
 #: How long a metadata request may take before the broker counts as unreachable.
 METADATA_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class Topology:
-    """What the runner needs to know about the clusters before starting."""
-
-    source_partitions: list[TopicPartition]
-    sink_partitions: int
 
 
 def _metadata(client_config: Mapping[str, Any], role: str) -> Any:

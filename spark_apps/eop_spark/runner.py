@@ -35,7 +35,7 @@ from eop_spark.plan import ModeChoice, choose_mode, logical_blockers, physical_b
 from eop_spark.progress import ProgressGroup
 from eop_spark.session import build_session
 from eop_spark.sink_coordinated import CoordinatedSink
-from eop_spark.sink_partitioned import PartitionedSink
+from eop_spark.sink_partitioned import PartitionedSink, warm_up_workers
 from eop_spark.sink_settings import SinkSettings, take_over
 from eop_spark.source import read_kafka, resolve_starting_offsets
 from eop_spark.spec import CommitMode
@@ -142,7 +142,7 @@ def run(config: RunConfig, *, log_format: str = "text") -> int:
     stop = threading.Event()
     _install_signal_handlers(stop)
     try:
-        return _Run(config, stop).run()
+        return PipelineRun(config, stop).run()
     except EopError as error:
         _report_failure(error)
         return error.exit_code
@@ -164,15 +164,21 @@ def _install_signal_handlers(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-class _Run:
-    """One run's state; :meth:`run` is the whole life cycle."""
+class PipelineRun:
+    """One run of a pipeline: :meth:`run` is the whole life cycle.
+
+    Embedders (the benchmark) that bring their own SparkSession call
+    :meth:`start_query` and wait on the query themselves.
+    """
 
     def __init__(self, config: RunConfig, stop: threading.Event) -> None:
+        """``stop`` asks a running :meth:`run` to stop after the batch in flight."""
         self.config = config
         self.stop = stop
         self.counters = Counters()
 
     def run(self) -> int:
+        """Check, start Spark and the query, supervise it; return the exit code."""
         config = self.config
         jars = connector_jars()
         source_conf = source_client_config(config)
@@ -186,8 +192,18 @@ class _Run:
             serve_metrics(self.counters, config.pipeline, config.metrics_port)
 
         spark = build_session(config, jars)
+        # Python workers start while the ids are taken over and the query is planned.
+        threading.Thread(
+            target=self._warm_up, args=(spark,), name="eop-warm-up", daemon=True
+        ).start()
         query, gate = self.start_query(spark, partitions, sink_conf)
         return self.supervise(query, gate)
+
+    def _warm_up(self, spark: SparkSession) -> None:
+        try:
+            warm_up_workers(spark, spark.sparkContext.defaultParallelism)
+        except Exception as exc:  # only an optimisation
+            log.debug("warming up Python workers failed: %s", exc)
 
     def start_query(
         self, spark: SparkSession, partitions: list[tuple[str, int]], sink_conf: dict[str, str]

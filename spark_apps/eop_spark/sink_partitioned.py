@@ -28,6 +28,7 @@ import functools
 import hashlib
 import logging
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -52,7 +53,7 @@ from eop_spark.transactions import TransactionalProducer
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +171,11 @@ def commit_partition(
     )
 
 
+def _quiet_worker() -> None:
+    """Keep a known pyspark-vs-pandas version warning out of the worker's output."""
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark\..*")
+
+
 def _drain(batches: Iterable[Any]) -> None:
     for _ in batches:
         pass
@@ -218,6 +224,7 @@ def write_partition(
     """The Spark task body (``mapInArrow``): commit this task's partition, yield its outcome."""
     import pyarrow as pa
 
+    _quiet_worker()
     first = next((b for b in batches if b.num_rows), None)
     if first is None:
         return  # nothing to tell which partition this is: the driver advances G for it
@@ -226,6 +233,24 @@ def write_partition(
         raise PipelineFailed(f"rows of {tp} are not in this batch's offsets {task.end_offsets}")
     outcome = commit_partition(task, tp, chain([first], batches))
     yield pa.RecordBatch.from_pylist([outcome.__dict__])
+
+
+def _warm_up(_: Iterable[Any]) -> Iterator[int]:
+    import confluent_kafka
+    import pandas  # type: ignore[import-untyped]
+    import pyarrow.compute
+
+    yield len(confluent_kafka.version()) + len(pandas.__name__) + len(pyarrow.compute.__name__)
+
+
+def warm_up_workers(spark: SparkSession, tasks: int) -> None:
+    """Start Python workers with this module's imports, so the first batch does not wait.
+
+    Spark reuses idle Python workers; importing pyarrow and confluent-kafka in
+    a fresh one takes seconds, which would otherwise add to every restart's
+    first batch.
+    """
+    spark.sparkContext.parallelize(range(tasks), tasks).mapPartitions(_warm_up).count()
 
 
 class PartitionedSink:

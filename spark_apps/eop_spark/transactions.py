@@ -30,6 +30,13 @@ CALL_TIMEOUT_S = 60.0
 
 T = TypeVar("T")
 
+# librdkafka logs expected events (a cached producer fenced by the driver or a newer
+# runner) as fatal errors; every failure surfaces as an exception instead, so its log
+# is dropped (even at level 0 it would print to stderr otherwise).
+_LIBRDKAFKA_LOG = logging.getLogger("eop_spark.librdkafka.producer")
+_LIBRDKAFKA_LOG.addHandler(logging.NullHandler())
+_LIBRDKAFKA_LOG.propagate = False
+
 
 def _kafka_error(exc: BaseException) -> Any:
     args = getattr(exc, "args", ())
@@ -56,18 +63,14 @@ class TransactionalProducer:
         self.transactional_id: str = str(conf["transactional.id"])
         self._fatal: Any = None
         self.in_transaction = False
-        self._producer = Producer(
-            {
-                **conf,
-                "error_cb": self._on_error,
-                "logger": logging.getLogger("eop_spark.librdkafka"),
-            }
-        )
+        self._producer = Producer({**conf, "error_cb": self._on_error, "logger": _LIBRDKAFKA_LOG})
         self._call(lambda t: self._producer.init_transactions(t), "init_transactions", timeout)
 
     def _on_error(self, error: Any) -> None:
         if error.fatal():
             self._fatal = error
+        else:
+            log.debug("%s: %s", self.transactional_id, error)
 
     @property
     def usable(self) -> bool:
@@ -75,11 +78,19 @@ class TransactionalProducer:
         return self._fatal is None
 
     def _raise(self, error: Any, what: str) -> None:
+        from confluent_kafka import KafkaError
+
+        if error is not None and error.code() == KafkaError._FATAL and self._fatal is not None:
+            error = self._fatal  # "Local: Fatal error" stands for the error error_cb got
         text = f"{what} of transactional id {self.transactional_id!r} failed: {error}"
-        if error is not None and (error.fatal() or _is_fenced(error)):
+        if error is not None and _is_fenced(error):
             self._fatal = error
-            if _is_fenced(error):
-                raise ProducerFenced(text)
+            raise ProducerFenced(
+                f"transactional id {self.transactional_id!r} was fenced during {what}: "
+                "another runner of this pipeline took it over"
+            )
+        if error is not None and error.fatal():
+            self._fatal = error
             raise SinkRetryable(text)
         if error is not None and error.txn_requires_abort():
             raise SinkRetryable(text)
@@ -153,6 +164,29 @@ class TransactionalProducer:
                     self._raise(self._fatal, "produce")
             except KafkaException as exc:
                 self._raise(_kafka_error(exc), "produce")
+
+    def produce_messages(self, topic: str, messages: list[dict[str, Any]]) -> None:
+        """Queue many ``{"value", "key"}`` records in one call (no headers, no partition).
+
+        ``produce_batch`` queues what fits and marks the rest with ``_error``;
+        only those are retried, so nothing is queued twice.
+        """
+        from confluent_kafka import KafkaError
+
+        pending = messages
+        while True:
+            self._producer.produce_batch(topic, pending)
+            failed = [m for m in pending if "_error" in m]
+            if not failed:
+                return
+            errors = [m.pop("_error") for m in failed]
+            other = next((e for e in errors if e.code() != KafkaError._QUEUE_FULL), None)
+            if other is not None:
+                self._raise(other, "produce")
+            self._producer.poll(0.05)  # the local queue is full: let librdkafka send
+            if self._fatal is not None:
+                self._raise(self._fatal, "produce")
+            pending = failed
 
     def commit(self, timeout: float = CALL_TIMEOUT_S) -> None:
         """Commit the open transaction (flushes queued records first)."""

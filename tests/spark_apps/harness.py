@@ -214,7 +214,10 @@ class Pipeline:
         extra_args: Iterable[str] = (),
     ) -> Runner:
         """Start a runner on ``config`` (data or a written file)."""
-        path = config if isinstance(config, Path) else self.write_config(config)
+        if isinstance(config, Path):
+            path = config
+        else:  # one file per start: concurrent runners must not read each other's config
+            path = self.write_config(config, f"run-{len(self.runners)}.json")
         args = ["run", "--config", str(path), "--log-format", "json", *extra_args]
         if generation is not None:
             args += ["--generation", str(generation)]
@@ -367,9 +370,15 @@ def kill_repeatedly(
     return runners
 
 
-def finish(pipeline: Pipeline, config: Mapping[str, Any], *, timeout: float = 600) -> Runner:
+def finish(
+    pipeline: Pipeline,
+    config: Mapping[str, Any],
+    *,
+    generation: int | None = None,
+    timeout: float = 600,
+) -> Runner:
     """Run until G reaches the source end, then stop it with SIGTERM (exit 0)."""
-    runner = pipeline.start(config)
+    runner = pipeline.start(config, generation=generation)
     runner.wait_for("the query to start",
                     lambda: any(m.startswith("commit mode") for m in runner.messages()), timeout)
     runner.wait_for("G to reach the source end offsets", pipeline.caught_up, timeout)

@@ -13,7 +13,6 @@ from eop_spark.offsets import (
     decide_batch,
     lagging,
     marked_batch,
-    offsets_span,
     parse_spark_json,
     starting_offsets,
     to_spark_json,
@@ -90,7 +89,3 @@ def test_coordinated_runs_new_partitions_and_reports_g_behind_the_checkpoint() -
     assert behind.action == BatchAction.RUN
     assert "behind" in behind.detail
 
-
-def test_offsets_span_counts_new_partitions_from_zero() -> None:
-    assert offsets_span({T0: 10}, {T0: 25, T1: 4}) == 15 + 0
-    assert offsets_span({T0: 10, T1: 0}, {T0: 25, T1: 4}) == 19

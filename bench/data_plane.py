@@ -1,0 +1,246 @@
+"""Data-plane benchmark: how much exactly-once costs against Spark's own Kafka sink.
+
+One broker, the same input for every contender (N records of 100 B and of 1 KiB
+on 4 partitions), read with ``read_committed`` and written to a fresh topic by:
+
+  (a) Spark's built-in Kafka sink (at-least-once),
+  (b) eop, partitioned commit mode,
+  (c) eop, coordinated commit mode,
+  (d) the broker's ProducerPerformance tool: the ceiling for writing N records.
+
+(a)-(c) run in one SparkSession (warmed up first), availableNow, N/4 offsets per
+batch, the same producer batching (linger 20 ms, 1 MB batches); the figure is N
+divided by the query's wall time.  Then the recovery time: a runner on a
+continuously fed topic is SIGKILLed (whole process group) and restarted at once;
+the time from the kill to the first batch the new runner commits.
+
+    .venv/bin/python bench/data_plane.py                  # 1,000,000 records, ~10 min
+    .venv/bin/python bench/data_plane.py --records 100000 # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "spark_apps")]
+
+from confluent_kafka import Producer  # noqa: E402
+
+from devenv.kafka import PRODUCER_PERF_TOOL, KafkaBroker, spark_kafka_jars  # noqa: E402
+from eop_spark.client_config import sink_client_config, spark_source_options  # noqa: E402
+from eop_spark.config import RunConfig  # noqa: E402
+from eop_spark.runner import PipelineRun  # noqa: E402
+from eop_spark.session import build_session  # noqa: E402
+from tests.spark_apps.harness import Pipeline, end_offsets, read_committed  # noqa: E402
+
+PARTITIONS = 4
+# The batching eop's producers use by default, given to every contender.
+PRODUCER_TUNING = {"linger.ms": "20", "batch.size": "1000000"}
+
+
+def fill(broker: KafkaBroker, topic: str, records: int, size: int) -> None:
+    """Produce ``records`` keyed records of ``size`` bytes, round robin over the partitions."""
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 50,
+                         "batch.size": 1_000_000, "queue.buffering.max.messages": 500_000})
+    payloads = [os.urandom(size) for _ in range(64)]
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, payloads[i % 64], b"%08d" % i, partition=i % PARTITIONS)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(120)
+
+
+def run_config(broker: KafkaBroker, work: Path, name: str, source: str, sink: str,
+               records: int, mode: str) -> RunConfig:
+    """The run config of one eop contender."""
+    servers = broker.bootstrap_servers
+    return RunConfig.model_validate({
+        "pipeline": f"bench.{name}",
+        "source": {"kafka": {"bootstrapServers": servers, "topics": [source],
+                             "maxOffsetsPerTrigger": max(1, records // 4)}},
+        "transform": {"sql": "SELECT key, value FROM source"},
+        "sink": {"kafka": {"bootstrapServers": servers, "topic": sink, "commitMode": mode,
+                           "transactionTimeout": "300s"}},
+        "trigger": {"availableNow": True},
+        "transactionalIdPrefix": f"eop.bench.{name}",
+        "progressGroup": f"eop.bench.{name}",
+        "checkpointRoot": str(work / "checkpoints" / name),
+    })
+
+
+def timed_eop(spark: Any, config: RunConfig) -> float:
+    """Seconds for eop to copy the topic (query start to end)."""
+    topic = (config.source.kafka.topics or [""])[0]
+    run = PipelineRun(config, threading.Event())
+    started = time.monotonic()
+    query, gate = run.start_query(
+        spark, [(topic, p) for p in range(PARTITIONS)], sink_client_config(config)
+    )
+    query.awaitTermination()
+    elapsed = time.monotonic() - started
+    if gate.failure is not None:
+        raise gate.failure
+    return elapsed
+
+
+def timed_builtin(spark: Any, config: RunConfig) -> float:
+    """Seconds for Spark's own Kafka sink to copy the topic (query start to end)."""
+    options = spark_source_options(config) | {"startingOffsets": "earliest"}
+    writer = (
+        spark.readStream.format("kafka").options(**options).load()
+        .select("key", "value").writeStream.format("kafka")
+        .option("kafka.bootstrap.servers", config.sink.kafka.bootstrap_servers)
+        .option("topic", config.sink.kafka.topic)
+        .option("checkpointLocation", config.checkpoint_location)
+        .trigger(availableNow=True)
+    )
+    for key, value in PRODUCER_TUNING.items():
+        writer = writer.option(f"kafka.{key}", value)
+    started = time.monotonic()
+    writer.start().awaitTermination()
+    return time.monotonic() - started
+
+
+def producer_perf(broker: KafkaBroker, topic: str, records: int, size: int) -> float:
+    """Records/s of Kafka's ProducerPerformance tool writing the same volume."""
+    props = [f"bootstrap.servers={broker.bootstrap_servers}", "acks=all",
+             *(f"{k}={v}" for k, v in PRODUCER_TUNING.items())]
+    result = broker.run_tool(
+        PRODUCER_PERF_TOOL, "--topic", topic, "--num-records", str(records),
+        "--record-size", str(size), "--throughput", "-1", "--producer-props", *props,
+        timeout=600, check=True,
+    )
+    match = re.findall(r"([0-9.]+) records/sec", result.stdout)
+    if not match:
+        raise RuntimeError(f"unexpected ProducerPerformance output:\n{result.stdout}")
+    return float(match[-1])
+
+
+def copy_count(broker: KafkaBroker, topic: str) -> int:
+    """Records a read_committed reader sees in ``topic``."""
+    return len(read_committed(broker, topic, timeout=600))
+
+
+def measure_recovery(broker: KafkaBroker, work: Path, samples: int) -> list[float]:
+    """Seconds from SIGKILL of a runner to the first batch its replacement commits."""
+    pipeline = Pipeline(broker, work / "recovery", "rec-in", "rec-out")
+    pipeline.work.mkdir(parents=True, exist_ok=True)
+    broker.create_topic("rec-in", PARTITIONS)
+    broker.create_topic("rec-out", PARTITIONS)
+    stop = threading.Event()
+
+    def feed() -> None:
+        producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+        i = 0
+        while not stop.is_set():
+            for _ in range(200):
+                producer.produce("rec-in", b"x" * 100, b"%d" % i, partition=i % PARTITIONS)
+                i += 1
+            producer.poll(0)
+            time.sleep(0.1)
+        producer.flush(30)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    config = pipeline.config(trigger={"processingTime": "1s"})
+    figures = []
+    try:
+        runner = pipeline.start(config)
+        for _ in range(samples):
+            runner.wait_batches(3, timeout=300)
+            killed = time.time()
+            runner.kill()
+            runner = pipeline.start(config)
+            runner.wait_batches(1, timeout=300)
+            figures.append(runner.batches()[0]["committed_at"] - killed)
+        runner.terminate()
+        runner.wait(120)
+    finally:
+        stop.set()
+        pipeline.cleanup()
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--sizes", default="100,1024", help="record sizes in bytes")
+    parser.add_argument("--recovery-samples", type=int, default=2)
+    parser.add_argument("--work", type=Path, help="work directory (default: a temp dir)")
+    args = parser.parse_args(argv)
+    work = args.work or Path(tempfile.mkdtemp(prefix="eop-bench-"))
+    records = args.records
+    print(f"eop data-plane benchmark: {records:,} records x {args.sizes} B, "
+          f"{PARTITIONS} partitions, work dir {work}", flush=True)
+
+    with KafkaBroker(work / "kafka", heap="2g") as broker:
+        jars = spark_kafka_jars()
+        seed = run_config(broker, work, "session", "x", "y", records, "auto")
+        session = seed.model_copy(update={"spark": seed.spark.model_copy(update={
+            "driver": seed.spark.driver.model_copy(update={"memory": "4g"}),
+            "conf": {"spark.sql.shuffle.partitions": "4"},
+        })})
+        spark = build_session(session, jars)
+        spark.sparkContext.setLogLevel("ERROR")
+
+        # Warm-up: JIT, Python workers, connector classes; not measured.
+        broker.create_topic("warm-in", PARTITIONS)
+        fill(broker, "warm-in", 20_000, 100)
+        for mode in ("builtin", "partitioned", "coordinated"):
+            broker.create_topic(f"warm-{mode}", PARTITIONS)
+            config = run_config(broker, work, f"warm-{mode}", "warm-in", f"warm-{mode}",
+                                20_000, "auto" if mode == "builtin" else mode)
+            (timed_builtin if mode == "builtin" else timed_eop)(spark, config)
+
+        rows = []
+        for size in (int(s) for s in args.sizes.split(",")):
+            source = f"in-{size}"
+            broker.create_topic(source, PARTITIONS)
+            fill(broker, source, records, size)
+            assert sum(end_offsets(broker, source).values()) == records
+            figures: dict[str, float] = {}
+            for mode in ("builtin", "partitioned", "coordinated"):
+                sink = f"out-{mode}-{size}"
+                broker.create_topic(sink, PARTITIONS)
+                config = run_config(broker, work, f"{mode}-{size}", source, sink, records,
+                                    "auto" if mode == "builtin" else mode)
+                seconds = (timed_builtin if mode == "builtin" else timed_eop)(spark, config)
+                figures[mode] = records / seconds
+                written = copy_count(broker, sink)
+                print(f"  {size:>5} B {mode:<12} {seconds:7.1f} s {figures[mode]:>10,.0f} rec/s"
+                      f"  (read_committed sees {written:,})", flush=True)
+            broker.create_topic(f"perf-{size}", PARTITIONS)
+            figures["ceiling"] = producer_perf(broker, f"perf-{size}", records, size)
+            print(f"  {size:>5} B ProducerPerf {figures['ceiling']:>18,.0f} rec/s", flush=True)
+            rows.append((size, figures))
+        spark.stop()
+
+        print("\nrecords/s          (a) spark sink  (b) partitioned  (c) coordinated  "
+              "(d) producer perf   b/a   c/a   b/d")
+        for size, f in rows:
+            a, b, c, d = f["builtin"], f["partitioned"], f["coordinated"], f["ceiling"]
+            print(f"{size:>5} B records  {a:>15,.0f} {b:>16,.0f} {c:>16,.0f} {d:>18,.0f}"
+                  f"  {b / a:4.2f}  {c / a:4.2f}  {b / d:4.2f}")
+
+        if args.recovery_samples:
+            recovery = measure_recovery(broker, work, args.recovery_samples)
+            shown = ", ".join(f"{r:.1f} s" for r in recovery)
+            print(f"\nrecovery (SIGKILL -> first committed batch after restart): {shown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

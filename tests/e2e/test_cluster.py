@@ -1,0 +1,452 @@
+"""End to end on the local cluster: a real kubelet runs our images, volumes bind, and the
+operator, installed with its chart, runs a pipeline against a real Kafka broker.
+
+Everything talks over 127.0.0.1: pods use the host network, the node's address is 127.0.0.1,
+the operator reaches the apiserver through explicit ``KUBERNETES_SERVICE_HOST/PORT``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devenv.cluster import NODE_NAME, REPO
+from devenv.kafka import KafkaBroker
+from tests.e2e.conftest import E2ECluster
+from tests.plugins.kafka import TopicFactory
+
+pytestmark = pytest.mark.e2e
+
+CHART = REPO / "charts" / "eop"
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _eventually(check: Callable[[], Any], timeout: float, what: Callable[[], str] | str) -> Any:
+    """Poll ``check`` until it returns something truthy; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            detail = what() if callable(what) else what
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {detail}")
+        time.sleep(0.5)
+
+
+def _get(e2e: E2ECluster, *args: str) -> dict[str, Any]:
+    result = e2e.cluster.kubectl("get", "-o", "json", *args)
+    if result.returncode != 0:
+        return {}
+    obj: dict[str, Any] = json.loads(result.stdout)
+    return obj
+
+
+def _create(e2e: E2ECluster, *objects: dict[str, Any]) -> None:
+    manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)})
+    e2e.cluster.kubectl("create", "-f", "-", input=manifest, check=True)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pod(name: str, namespace: str, image: str, args: list[str], **spec: Any) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": image,
+        "imagePullPolicy": "Never",
+        "args": args,
+    }
+    container.update(spec.pop("container", {}))
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "hostNetwork": True,
+            "restartPolicy": "Never",
+            "containers": [container],
+            **spec,
+        },
+    }
+
+
+def _phase(e2e: E2ECluster, namespace: str, pod: str) -> str:
+    return str(_get(e2e, "pod", pod, "-n", namespace).get("status", {}).get("phase", ""))
+
+
+def _describe(e2e: E2ECluster, namespace: str, *what: str) -> str:
+    result = e2e.cluster.kubectl("describe", "-n", namespace, *what)
+    return (result.stdout or result.stderr)[-4000:]
+
+
+# ----------------------------------------------------------------------------- the node
+
+
+def test_node_is_ready_on_loopback(local_cluster: E2ECluster) -> None:
+    node = _get(local_cluster, "node", NODE_NAME)
+    conditions = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+    assert conditions["Ready"] == "True", conditions
+    addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
+    assert addresses["InternalIP"] == "127.0.0.1", addresses
+    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://")
+    # The kubelet serves its API on the port it reported, on loopback (the apiserver reaches
+    # it there for logs and exec; its node proxy refuses loopback addresses, so probe directly).
+    port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass
+
+
+def test_up_is_idempotent(local_cluster: E2ECluster) -> None:
+    began = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "devenv.cluster", "up", "--no-images"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "EOP_CLUSTER_DIR": str(local_cluster.cluster.dir)},
+        check=False,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "already running" in result.stderr
+    assert f"KUBECONFIG={local_cluster.cluster.kubeconfig}" in result.stdout
+    assert time.monotonic() - began < 30
+
+
+# ----------------------------------------------------------------------------- pods
+
+
+def test_operator_image_runs_to_completion_with_readable_logs(
+    local_cluster: E2ECluster, e2e_namespace: str
+) -> None:
+    began = time.monotonic()
+    _create(local_cluster, _pod("crd", e2e_namespace, local_cluster.operator_image, ["crd"]))
+    _eventually(
+        lambda: _phase(local_cluster, e2e_namespace, "crd") in ("Succeeded", "Failed"),
+        120,
+        lambda: "pod crd to finish:\n" + _describe(local_cluster, e2e_namespace, "pod", "crd"),
+    )
+    elapsed = time.monotonic() - began
+    assert _phase(local_cluster, e2e_namespace, "crd") == "Succeeded", _describe(
+        local_cluster, e2e_namespace, "pod", "crd"
+    )
+    print(f"pod `eop crd` created -> Succeeded in {elapsed:.1f}s")
+    logs = local_cluster.cluster.kubectl("logs", "-n", e2e_namespace, "crd", check=True).stdout
+    assert "kind: CustomResourceDefinition" in logs
+    assert "exactlyoncepipelines.exactlyonce.io" in logs
+    pod = _get(local_cluster, "pod", "crd", "-n", e2e_namespace)
+    assert pod["status"]["podIP"] == "127.0.0.1"
+    # The image's own user, not root.
+    assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+
+
+def test_default_class_claim_binds_and_is_writable_as_uid_1000(
+    local_cluster: E2ECluster, e2e_namespace: str
+) -> None:
+    ns = e2e_namespace
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data", "namespace": ns},
+        # No storageClassName: the default class (eop-hostpath) is filled in.
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "16Mi"}}},
+    }
+    write = (
+        "import os; open('/data/probe', 'w').write(str(os.getuid())); "
+        "print('uid', os.getuid(), sorted(os.listdir('/data')))"
+    )
+    pod = _pod(
+        "writer",
+        ns,
+        local_cluster.operator_image,
+        ["-c", write],
+        container={
+            "command": ["python3"],
+            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        },
+        securityContext={"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": True},
+        volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+    )
+    _create(local_cluster, claim, pod)
+    bound = _eventually(
+        lambda: (
+            _get(local_cluster, "pvc", "data", "-n", ns).get("status", {}).get("phase") == "Bound"
+        ),
+        60,
+        "the claim to bind",
+    )
+    assert bound
+    pvc = _get(local_cluster, "pvc", "data", "-n", ns)
+    assert pvc["spec"]["storageClassName"] == "eop-hostpath"
+    pv = _get(local_cluster, "pv", pvc["spec"]["volumeName"])
+    host_dir = Path(pv["spec"]["hostPath"]["path"])
+    assert local_cluster.cluster.volumes_dir in host_dir.parents
+    terms = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][0]["values"] == [NODE_NAME]
+    _eventually(
+        lambda: _phase(local_cluster, ns, "writer") in ("Succeeded", "Failed"),
+        120,
+        lambda: "the writer pod:\n" + _describe(local_cluster, ns, "pod", "writer"),
+    )
+    logs = local_cluster.cluster.kubectl("logs", "-n", ns, "writer").stdout
+    assert _phase(local_cluster, ns, "writer") == "Succeeded", logs
+    assert "uid 1000 ['probe']" in logs
+    probe = host_dir / "probe"
+    assert probe.read_text() == "1000"
+    assert probe.stat().st_uid == 1000
+    # Reclaim policy Delete: the provisioner removes the volume and its directory.
+    local_cluster.cluster.kubectl("delete", "pod", "writer", "-n", ns, "--wait=true", check=True)
+    local_cluster.cluster.kubectl("delete", "pvc", "data", "-n", ns, "--wait=true", check=True)
+    _eventually(
+        lambda: not _get(local_cluster, "pv", pv["metadata"]["name"]) and not host_dir.exists(),
+        60,
+        "the released volume and its directory to be deleted",
+    )
+
+
+# ----------------------------------------------------------------------------- operator
+
+
+def _pipeline(name: str, ns: str, broker: KafkaBroker, source: str, sink: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "exactlyonce.io/v1alpha1",
+        "kind": "ExactlyOncePipeline",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            # The image is only in the node's containerd: never pull.
+            "imagePullPolicy": "Never",
+            "source": {
+                "kafka": {
+                    "bootstrapServers": broker.bootstrap_servers,
+                    "topics": [source],
+                    "startingOffsets": "earliest",
+                }
+            },
+            "transform": {"sql": "SELECT key, value FROM source"},
+            "sink": {"kafka": {"bootstrapServers": broker.bootstrap_servers, "topic": sink}},
+            "trigger": {"processingTime": "2s"},
+            "spark": {"master": "local[1]", "driver": {"cores": 1, "memory": "512m"}},
+            # No pod network here: the driver reaches the broker on 127.0.0.1.
+            "driver": {"hostNetwork": True},
+        },
+    }
+
+
+def _produce(broker: KafkaBroker, topic: str, records: list[tuple[str, str]]) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer(broker.client_config({"enable.idempotence": True}))
+    for key, value in records:
+        producer.produce(topic, key=key.encode(), value=value.encode())
+    assert producer.flush(30) == 0
+
+
+def _read_committed(
+    broker: KafkaBroker, topic: str, expected: int, timeout: float, settle: float
+) -> list[tuple[str, str]]:
+    """Read ``topic`` as a read_committed consumer until ``expected`` records arrived (or
+    ``timeout``), then ``settle`` seconds more to catch duplicates."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        broker.client_config(
+            {
+                "group.id": f"e2e-reader-{uuid.uuid4().hex[:8]}",
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
+    )
+    consumer.subscribe([topic])
+    seen: list[tuple[str, str]] = []
+    deadline = time.monotonic() + timeout
+    settle_until: float | None = None
+    try:
+        while True:
+            now = time.monotonic()
+            if settle_until is None and len(seen) >= expected:
+                settle_until = now + settle
+            if (settle_until is not None and now > settle_until) or now > deadline:
+                return seen
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            seen.append(((msg.key() or b"").decode(), (msg.value() or b"").decode()))
+    finally:
+        consumer.close()
+
+
+def _driver_pod(e2e: E2ECluster, ns: str, pipeline: str) -> dict[str, Any]:
+    pods = _get(e2e, "pods", "-n", ns, "-l", f"exactlyonce.io/pipeline={pipeline}")
+    items = [p for p in pods.get("items", []) if p["metadata"]["name"].endswith("-driver-0")]
+    return items[0] if items else {}
+
+
+def _container_started(pod: dict[str, Any]) -> bool:
+    for status in pod.get("status", {}).get("containerStatuses", []):
+        for state in (status.get("state", {}), status.get("lastState", {})):
+            if "running" in state or "terminated" in state:
+                return True
+    return False
+
+
+def _termination_messages(pod: dict[str, Any]) -> list[str]:
+    messages = []
+    for status in pod.get("status", {}).get("containerStatuses", []):
+        for state in (status.get("state", {}), status.get("lastState", {})):
+            term = state.get("terminated")
+            if term:
+                messages.append(
+                    f"exit {term.get('exitCode')} {term.get('reason')}: {term.get('message', '')}"
+                )
+    return messages
+
+
+@pytest.mark.kafka
+def test_operator_from_chart_runs_a_pipeline_exactly_once(
+    local_cluster: E2ECluster,
+    e2e_namespace: str,
+    kafka_broker: KafkaBroker,
+    kafka_topic_factory: TopicFactory,
+    tmp_path: Path,
+) -> None:
+    e2e, ns = local_cluster, e2e_namespace
+    cluster = e2e.cluster
+    ops_ns = f"{ns}-ops"
+    release = f"eop-{ns.removeprefix('e2e-')}"
+    cluster.kubectl("create", "namespace", ops_ns, check=True)
+    health_port = _free_port()
+    values = {
+        "image": {
+            "repository": e2e.operator_image.rsplit(":", 1)[0],
+            "tag": e2e.tag,
+            "pullPolicy": "Never",
+        },
+        "defaultPipelineImage": e2e.spark_image,
+        "watchNamespaces": [ns],
+        "hostNetwork": True,
+        "health": {"port": health_port},
+        "metrics": {"port": _free_port()},
+        # The last --liveness wins: bind the health endpoint on loopback, not 0.0.0.0.
+        "extraArgs": [f"--liveness=http://127.0.0.1:{health_port}/healthz"],
+        # In-cluster config would use the `kubernetes` Service's ClusterIP, which nothing
+        # serves here (no kube-proxy, no pod network): point the client at the apiserver.
+        "extraEnv": [
+            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": str(cluster.apiserver_port)},
+        ],
+    }
+    values_file = tmp_path / "values.json"
+    values_file.write_text(json.dumps(values))
+    try:
+        # helm installs crds/ only when the CRD is absent; apply the current one first.
+        cluster.kubectl(
+            "apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"), check=True
+        )
+        began = time.monotonic()
+        install = cluster.helm(
+            "install", release, str(CHART), "-n", ops_ns, "-f", str(values_file), "--wait",
+            "--timeout=180s",
+        )  # fmt: skip
+        assert install.returncode == 0, install.stderr + "\n" + _describe(e2e, ops_ns, "pods")
+        print(f"helm install --wait: operator Ready in {time.monotonic() - began:.1f}s")
+        operator_pods = _get(e2e, "pods", "-n", ops_ns)["items"]
+        assert len(operator_pods) == 1
+        ready = {c["type"]: c["status"] for c in operator_pods[0]["status"]["conditions"]}
+        assert ready["Ready"] == "True"
+        operator_pod = operator_pods[0]["metadata"]["name"]
+
+        source = kafka_topic_factory(2, prefix="e2e-in")
+        sink = kafka_topic_factory(2, prefix="e2e-out")
+        first = [(f"k{i}", f"v{i}") for i in range(20)]
+        second = [(f"k{i}", f"v{i}") for i in range(20, 40)]
+        _produce(kafka_broker, source, first)
+        pipeline = "e2e"
+        _create(e2e, _pipeline(pipeline, ns, kafka_broker, source, sink))
+        began = time.monotonic()
+
+        def diagnostics() -> str:
+            pod = _driver_pod(e2e, ns, pipeline)
+            name = pod.get("metadata", {}).get("name", f"{pipeline}-driver-0")
+            logs = cluster.kubectl("logs", "-n", ns, name, "--tail=60").stdout
+            previous = cluster.kubectl("logs", "-n", ns, name, "--previous", "--tail=60").stdout
+            operator_logs = cluster.kubectl("logs", "-n", ops_ns, operator_pod, "--tail=40")
+            status = _get(e2e, "exactlyoncepipeline", pipeline, "-n", ns).get("status")
+            return (
+                f"\n--- pipeline status: {json.dumps(status)}"
+                f"\n--- driver termination: {_termination_messages(pod)}"
+                f"\n--- driver logs:\n{logs}\n--- previous driver logs:\n{previous}"
+                f"\n--- operator logs:\n{operator_logs.stdout}{operator_logs.stderr}"
+                f"\n--- describe:\n{_describe(e2e, ns, 'pods')}"
+            )
+
+        # 1. The operator (in-cluster config, via KUBERNETES_SERVICE_HOST/PORT) reconciles the
+        # pipeline: it gets a status, its claim binds and its driver pod starts.
+        _eventually(
+            lambda: _get(e2e, "exactlyoncepipeline", pipeline, "-n", ns).get("status"),
+            90,
+            lambda: "the operator to reconcile the pipeline (a status)" + diagnostics(),
+        )
+        pod = _eventually(
+            lambda: (p := _driver_pod(e2e, ns, pipeline)) and _container_started(p) and p,
+            240,
+            lambda: "the driver container to start" + diagnostics(),
+        )
+        print(f"pipeline created -> driver container started in {time.monotonic() - began:.1f}s")
+        pvc = _get(e2e, "pvc", f"{pipeline}-checkpoint", "-n", ns)
+        assert pvc["status"]["phase"] == "Bound"
+        assert pod["status"]["podIP"] == "127.0.0.1"
+        # 2. What the driver says is visible: its logs or its termination message.
+        name = pod["metadata"]["name"]
+        _eventually(
+            lambda: (
+                cluster.kubectl("logs", "-n", ns, name).stdout.strip()
+                or _termination_messages(_driver_pod(e2e, ns, pipeline))
+            ),
+            120,
+            lambda: "driver logs or a termination message" + diagnostics(),
+        )
+        # 3. The driver keeps running (phase Running, not crash-looping) ...
+        _eventually(
+            lambda: _driver_pod(e2e, ns, pipeline).get("status", {}).get("phase") == "Running",
+            120,
+            lambda: "the driver pod to be Running" + diagnostics(),
+        )
+        # ... and the transform output lands in the sink exactly once, for records produced
+        # before and while the pipeline runs.
+        _produce(kafka_broker, source, second)
+        expected = first + second
+        seen = _read_committed(kafka_broker, sink, len(expected), timeout=300, settle=10)
+        print(f"pipeline created -> {len(seen)} sink records in {time.monotonic() - began:.1f}s")
+        counts = Counter(seen)
+        duplicates = {r: n for r, n in counts.items() if n > 1}
+        missing = set(expected) - set(counts)
+        assert not missing and not duplicates and set(counts) == set(expected), (
+            f"sink not exactly-once: {len(missing)} missing, duplicates {duplicates}, "
+            f"unexpected {set(counts) - set(expected)}" + diagnostics()
+        )
+    finally:
+        # Pipelines first, while the operator runs (it removes their finalizer).
+        cluster.kubectl(
+            "delete", "exactlyoncepipelines", "--all", "-n", ns, "--wait=true", "--timeout=90s"
+        )
+        cluster.helm("uninstall", release, "-n", ops_ns, "--wait", "--timeout=120s")
+        cluster.kubectl("delete", "namespace", ops_ns, "--wait=false")
