@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 CRD := exactlyoncepipelines.exactlyonce.io.yaml
 
-.PHONY: setup deps crds lint test test-unit test-fast bench clean
+.PHONY: setup deps crds lint test test-unit test-fast test-e2e cluster-up cluster-down clean
 
 ## setup: create .venv and install eop with every extra (the dev environment)
 setup: .venv/.installed
@@ -38,7 +38,19 @@ test-unit: setup
 
 ## test-fast: everything but the slow chaos tests
 test-fast: deps
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow and not e2e"
+
+## cluster-up: a single-node cluster with a real kubelet, plus the images (docs/local-cluster.md)
+cluster-up: deps
+	$(PY) -m devenv.cluster up
+
+## cluster-down: stop it (data kept; `$(PY) -m devenv.cluster down --purge` deletes it)
+cluster-down:
+	$(PY) -m devenv.cluster down
+
+## test-e2e: end-to-end tests on the local cluster (starts it if needed)
+test-e2e: deps
+	$(PY) -m pytest -m e2e tests/e2e
 
 clean:
 	rm -rf .eop .pytest_cache .mypy_cache .ruff_cache

@@ -31,7 +31,7 @@ suite=bookworm
 build_ca="${EOP_BUILD_CA_FILE-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}"
 
 # What the image tag hashes: every input of the Dockerfile's COPY steps plus the recipe itself.
-tag_inputs=(Dockerfile .dockerignore pyproject.toml README.md operator spark_apps devenv)
+tag_inputs=(Dockerfile .dockerignore pyproject.toml README.md operator spark_apps devenv/fetch-jars.sh devenv/versions.env)
 
 log() { printf '[images] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }

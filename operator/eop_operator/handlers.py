@@ -7,8 +7,10 @@ module only moves data between kopf, the API server and those functions.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,9 +49,18 @@ def _now() -> str:
 
 
 def _login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
-    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
-        settings=settings
-    )
+    info = kopf.login_with_service_account(settings=settings)
+    if info is not None:
+        # Like client-go's in-cluster config: the service env names the API server.
+        # kopf's default (kubernetes.default.svc) needs cluster DNS, which not every
+        # cluster has for host-network pods.
+        host = os.environ.get("KUBERNETES_SERVICE_HOST")
+        port = os.environ.get("KUBERNETES_SERVICE_PORT")
+        if host and port:
+            host = f"[{host}]" if ":" in host else host
+            info = dataclasses.replace(info, server=f"https://{host}:{port}")
+        return info
+    info = kopf.login_with_kubeconfig(settings=settings)
     if info is None:
         raise kopf.PermanentError("no in-cluster service account and no kubeconfig found")
     return info
