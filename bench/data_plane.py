@@ -49,8 +49,14 @@ PRODUCER_TUNING = {"linger.ms": "20", "batch.size": "1000000"}
 
 def fill(broker: KafkaBroker, topic: str, records: int, size: int) -> None:
     """Produce ``records`` keyed records of ``size`` bytes, round robin over the partitions."""
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 50,
-                         "batch.size": 1_000_000, "queue.buffering.max.messages": 500_000})
+    producer = Producer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "linger.ms": 50,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 500_000,
+        }
+    )
     payloads = [os.urandom(size) for _ in range(64)]
     for i in range(records):
         while True:
@@ -62,22 +68,36 @@ def fill(broker: KafkaBroker, topic: str, records: int, size: int) -> None:
     producer.flush(120)
 
 
-def run_config(broker: KafkaBroker, work: Path, name: str, source: str, sink: str,
-               records: int, mode: str) -> RunConfig:
+def run_config(
+    broker: KafkaBroker, work: Path, name: str, source: str, sink: str, records: int, mode: str
+) -> RunConfig:
     """The run config of one eop contender."""
     servers = broker.bootstrap_servers
-    return RunConfig.model_validate({
-        "pipeline": f"bench.{name}",
-        "source": {"kafka": {"bootstrapServers": servers, "topics": [source],
-                             "maxOffsetsPerTrigger": max(1, records // 4)}},
-        "transform": {"sql": "SELECT key, value FROM source"},
-        "sink": {"kafka": {"bootstrapServers": servers, "topic": sink, "commitMode": mode,
-                           "transactionTimeout": "300s"}},
-        "trigger": {"availableNow": True},
-        "transactionalIdPrefix": f"eop.bench.{name}",
-        "progressGroup": f"eop.bench.{name}",
-        "checkpointRoot": str(work / "checkpoints" / name),
-    })
+    return RunConfig.model_validate(
+        {
+            "pipeline": f"bench.{name}",
+            "source": {
+                "kafka": {
+                    "bootstrapServers": servers,
+                    "topics": [source],
+                    "maxOffsetsPerTrigger": max(1, records // 4),
+                }
+            },
+            "transform": {"sql": "SELECT key, value FROM source"},
+            "sink": {
+                "kafka": {
+                    "bootstrapServers": servers,
+                    "topic": sink,
+                    "commitMode": mode,
+                    "transactionTimeout": "300s",
+                }
+            },
+            "trigger": {"availableNow": True},
+            "transactionalIdPrefix": f"eop.bench.{name}",
+            "progressGroup": f"eop.bench.{name}",
+            "checkpointRoot": str(work / "checkpoints" / name),
+        }
+    )
 
 
 def timed_eop(spark: Any, config: RunConfig) -> float:
@@ -99,8 +119,11 @@ def timed_builtin(spark: Any, config: RunConfig) -> float:
     """Seconds for Spark's own Kafka sink to copy the topic (query start to end)."""
     options = spark_source_options(config) | {"startingOffsets": "earliest"}
     writer = (
-        spark.readStream.format("kafka").options(**options).load()
-        .select("key", "value").writeStream.format("kafka")
+        spark.readStream.format("kafka")
+        .options(**options)
+        .load()
+        .select("key", "value")
+        .writeStream.format("kafka")
         .option("kafka.bootstrap.servers", config.sink.kafka.bootstrap_servers)
         .option("topic", config.sink.kafka.topic)
         .option("checkpointLocation", config.checkpoint_location)
@@ -115,12 +138,25 @@ def timed_builtin(spark: Any, config: RunConfig) -> float:
 
 def producer_perf(broker: KafkaBroker, topic: str, records: int, size: int) -> float:
     """Records/s of Kafka's ProducerPerformance tool writing the same volume."""
-    props = [f"bootstrap.servers={broker.bootstrap_servers}", "acks=all",
-             *(f"{k}={v}" for k, v in PRODUCER_TUNING.items())]
+    props = [
+        f"bootstrap.servers={broker.bootstrap_servers}",
+        "acks=all",
+        *(f"{k}={v}" for k, v in PRODUCER_TUNING.items()),
+    ]
     result = broker.run_tool(
-        PRODUCER_PERF_TOOL, "--topic", topic, "--num-records", str(records),
-        "--record-size", str(size), "--throughput", "-1", "--producer-props", *props,
-        timeout=600, check=True,
+        PRODUCER_PERF_TOOL,
+        "--topic",
+        topic,
+        "--num-records",
+        str(records),
+        "--record-size",
+        str(size),
+        "--throughput",
+        "-1",
+        "--producer-props",
+        *props,
+        timeout=600,
+        check=True,
     )
     match = re.findall(r"([0-9.]+) records/sec", result.stdout)
     if not match:
@@ -183,16 +219,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="eop-bench-"))
     records = args.records
-    print(f"eop data-plane benchmark: {records:,} records x {args.sizes} B, "
-          f"{PARTITIONS} partitions, work dir {work}", flush=True)
+    print(
+        f"eop data-plane benchmark: {records:,} records x {args.sizes} B, "
+        f"{PARTITIONS} partitions, work dir {work}",
+        flush=True,
+    )
 
     with KafkaBroker(work / "kafka", heap="2g") as broker:
         jars = spark_kafka_jars()
         seed = run_config(broker, work, "session", "x", "y", records, "auto")
-        session = seed.model_copy(update={"spark": seed.spark.model_copy(update={
-            "driver": seed.spark.driver.model_copy(update={"memory": "4g"}),
-            "conf": {"spark.sql.shuffle.partitions": "4"},
-        })})
+        session = seed.model_copy(
+            update={
+                "spark": seed.spark.model_copy(
+                    update={
+                        "driver": seed.spark.driver.model_copy(update={"memory": "4g"}),
+                        "conf": {"spark.sql.shuffle.partitions": "4"},
+                    }
+                )
+            }
+        )
         spark = build_session(session, jars)
         spark.sparkContext.setLogLevel("ERROR")
 
@@ -201,8 +246,15 @@ def main(argv: list[str] | None = None) -> int:
         fill(broker, "warm-in", 20_000, 100)
         for mode in ("builtin", "partitioned", "coordinated"):
             broker.create_topic(f"warm-{mode}", PARTITIONS)
-            config = run_config(broker, work, f"warm-{mode}", "warm-in", f"warm-{mode}",
-                                20_000, "auto" if mode == "builtin" else mode)
+            config = run_config(
+                broker,
+                work,
+                f"warm-{mode}",
+                "warm-in",
+                f"warm-{mode}",
+                20_000,
+                "auto" if mode == "builtin" else mode,
+            )
             (timed_builtin if mode == "builtin" else timed_eop)(spark, config)
 
         rows = []
@@ -215,25 +267,39 @@ def main(argv: list[str] | None = None) -> int:
             for mode in ("builtin", "partitioned", "coordinated"):
                 sink = f"out-{mode}-{size}"
                 broker.create_topic(sink, PARTITIONS)
-                config = run_config(broker, work, f"{mode}-{size}", source, sink, records,
-                                    "auto" if mode == "builtin" else mode)
+                config = run_config(
+                    broker,
+                    work,
+                    f"{mode}-{size}",
+                    source,
+                    sink,
+                    records,
+                    "auto" if mode == "builtin" else mode,
+                )
                 seconds = (timed_builtin if mode == "builtin" else timed_eop)(spark, config)
                 figures[mode] = records / seconds
                 written = copy_count(broker, sink)
-                print(f"  {size:>5} B {mode:<12} {seconds:7.1f} s {figures[mode]:>10,.0f} rec/s"
-                      f"  (read_committed sees {written:,})", flush=True)
+                print(
+                    f"  {size:>5} B {mode:<12} {seconds:7.1f} s {figures[mode]:>10,.0f} rec/s"
+                    f"  (read_committed sees {written:,})",
+                    flush=True,
+                )
             broker.create_topic(f"perf-{size}", PARTITIONS)
             figures["ceiling"] = producer_perf(broker, f"perf-{size}", records, size)
             print(f"  {size:>5} B ProducerPerf {figures['ceiling']:>18,.0f} rec/s", flush=True)
             rows.append((size, figures))
         spark.stop()
 
-        print("\nrecords/s          (a) spark sink  (b) partitioned  (c) coordinated  "
-              "(d) producer perf   b/a   c/a   b/d")
+        print(
+            "\nrecords/s          (a) spark sink  (b) partitioned  (c) coordinated  "
+            "(d) producer perf   b/a   c/a   b/d"
+        )
         for size, f in rows:
             a, b, c, d = f["builtin"], f["partitioned"], f["coordinated"], f["ceiling"]
-            print(f"{size:>5} B records  {a:>15,.0f} {b:>16,.0f} {c:>16,.0f} {d:>18,.0f}"
-                  f"  {b / a:4.2f}  {c / a:4.2f}  {b / d:4.2f}")
+            print(
+                f"{size:>5} B records  {a:>15,.0f} {b:>16,.0f} {c:>16,.0f} {d:>18,.0f}"
+                f"  {b / a:4.2f}  {c / a:4.2f}  {b / d:4.2f}"
+            )
 
         if args.recovery_samples:
             recovery = measure_recovery(broker, work, args.recovery_samples)

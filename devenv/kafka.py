@@ -289,8 +289,8 @@ class KafkaBroker:
             "format",
             "--config",
             str(props),
-            "--cluster-id",
-            _random_cluster_id(),
+            # One argument: a random id may start with "-", which would read as an option.
+            f"--cluster-id={_random_cluster_id()}",
             "--standalone",
         )
         for attempt in (1, 2):

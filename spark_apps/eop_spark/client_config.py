@@ -150,5 +150,3 @@ def librdkafka_compatible(conf: Mapping[str, str]) -> dict[str, str]:
             )
             del result[match.group(1)]
     return result
-
-

@@ -48,9 +48,7 @@ def covers(committed: Mapping[TopicPartition, int], end: Mapping[TopicPartition,
     return all(committed.get(tp, -1) >= offset for tp, offset in end.items())
 
 
-def lagging(
-    committed: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int]
-) -> Offsets:
+def lagging(committed: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int]) -> Offsets:
     """The partitions of ``end`` that ``committed`` has not reached yet, with their end offsets."""
     return {tp: offset for tp, offset in end.items() if committed.get(tp, -1) < offset}
 
@@ -177,4 +175,3 @@ def decide_batch(
             f"{to_spark_json({tp: start[tp] for tp in behind})} (offsets reset by hand?)",
         )
     return BatchDecision(BatchAction.RUN)
-

@@ -86,8 +86,18 @@ def sql_with_provenance(sql: str) -> SqlRewrite:
     tree = statements[0]
     if not isinstance(tree, exp.Select):
         return SqlRewrite(None, f"the query is a {type(tree).__name__}, not a plain SELECT")
-    for clause in ("with", "joins", "group", "having", "qualify", "order", "limit", "offset",
-                   "distinct", "windows"):
+    for clause in (
+        "with",
+        "joins",
+        "group",
+        "having",
+        "qualify",
+        "order",
+        "limit",
+        "offset",
+        "distinct",
+        "windows",
+    ):
         # sqlglot names some arguments with a trailing underscore (from_, with_).
         if tree.args.get(clause) or tree.args.get(f"{clause}_"):
             return SqlRewrite(None, f"the query has {clause.upper()}")
@@ -171,6 +181,4 @@ def choose_mode(
         return ModeChoice(CommitMode.PARTITIONED, "commitMode partitioned requested")
     if problem:
         return ModeChoice(CommitMode.COORDINATED, f"auto: coordinated because {problem}")
-    return ModeChoice(
-        CommitMode.PARTITIONED, "auto: partitioned because the query is record-wise"
-    )
+    return ModeChoice(CommitMode.PARTITIONED, "auto: partitioned because the query is record-wise")

@@ -129,4 +129,3 @@ def _retriable(error: Any) -> bool:
         KafkaError._TIMED_OUT,
         KafkaError._TRANSPORT,
     }
-

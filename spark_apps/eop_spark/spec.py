@@ -261,9 +261,7 @@ class TriggerSpec(SpecModel):
     processing_time: Duration | None = Field(
         default=None, description="Micro-batch interval, e.g. 10s (default when nothing is set)."
     )
-    available_now: bool = Field(
-        default=False, description="Process what is available, then stop."
-    )
+    available_now: bool = Field(default=False, description="Process what is available, then stop.")
 
     def interval_ms(self) -> int:
         """The micro-batch interval in milliseconds (10 s unless set)."""

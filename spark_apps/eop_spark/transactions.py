@@ -219,4 +219,3 @@ class TransactionalProducer:
             self._producer.flush(0)
         except KafkaException:
             pass
-

@@ -121,11 +121,13 @@ class Runner:
         deadline = time.monotonic() + timeout
         while not predicate():
             if not self.alive:
-                raise AssertionError(f"runner exited ({self.proc.returncode}) before {what}\n"
-                                     f"{self.tail()}")
+                raise AssertionError(
+                    f"runner exited ({self.proc.returncode}) before {what}\n{self.tail()}"
+                )
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}\n"
-                                     f"{self.tail()}")
+                raise AssertionError(
+                    f"timed out after {timeout}s waiting for {what}\n{self.tail()}"
+                )
             time.sleep(0.2)
 
     def wait_batches(self, count: int, timeout: float = 180) -> None:
@@ -238,7 +240,9 @@ class Pipeline:
         # AdminClient.list_consumer_group_offsets in librdkafka 2.16, survives a fresh broker).
         consumer = Consumer(
             client_config(
-                self.broker, group_id=self.group, isolation_level="read_committed",
+                self.broker,
+                group_id=self.group,
+                isolation_level="read_committed",
                 enable_auto_commit=False,
             )
         )
@@ -379,8 +383,11 @@ def finish(
 ) -> Runner:
     """Run until G reaches the source end, then stop it with SIGTERM (exit 0)."""
     runner = pipeline.start(config, generation=generation)
-    runner.wait_for("the query to start",
-                    lambda: any(m.startswith("commit mode") for m in runner.messages()), timeout)
+    runner.wait_for(
+        "the query to start",
+        lambda: any(m.startswith("commit mode") for m in runner.messages()),
+        timeout,
+    )
     runner.wait_for("G to reach the source end offsets", pipeline.caught_up, timeout)
     runner.terminate()
     assert runner.wait(180) == 0, runner.tail()

@@ -28,8 +28,9 @@ def with_input(pipeline: Pipeline) -> Pipeline:
     return pipeline
 
 
-def test_unreachable_broker_fails_within_30s(make_pipeline: PipelineFactory,
-                                              tmp_path: Path) -> None:
+def test_unreachable_broker_fails_within_30s(
+    make_pipeline: PipelineFactory, tmp_path: Path
+) -> None:
     pipeline = make_pipeline()
     config = pipeline.config()
     config["source"]["kafka"]["bootstrapServers"] = "127.0.0.1:1"

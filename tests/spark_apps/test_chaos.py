@@ -28,13 +28,23 @@ def test_partitioned_filter_survives_kill_9(make_pipeline: PipelineFactory) -> N
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     pipeline = make_pipeline()
-    produce(pipeline.broker, pipeline.source_topic,
-            ((f"k{i:06d}", f"v{i}", i % 4) for i in range(RECORDS)))
+    produce(
+        pipeline.broker,
+        pipeline.source_topic,
+        ((f"k{i:06d}", f"v{i}", i % 4) for i in range(RECORDS)),
+    )
     # Partition 3 never has output: its progress moves in offsets-only transactions.
-    sql = ("SELECT key, concat('out-', CAST(value AS STRING)) AS value FROM source "
-           "WHERE partition <> 3 AND NOT CAST(key AS STRING) LIKE '%7'")
-    source = {"kafka": {"bootstrapServers": pipeline.broker.bootstrap_servers,
-                        "topics": [pipeline.source_topic], "maxOffsetsPerTrigger": 8000}}
+    sql = (
+        "SELECT key, concat('out-', CAST(value AS STRING)) AS value FROM source "
+        "WHERE partition <> 3 AND NOT CAST(key AS STRING) LIKE '%7'"
+    )
+    source = {
+        "kafka": {
+            "bootstrapServers": pipeline.broker.bootstrap_servers,
+            "topics": [pipeline.source_topic],
+            "maxOffsetsPerTrigger": 8000,
+        }
+    }
     config = pipeline.config(transform={"sql": sql}, source=source)
 
     kill_repeatedly(pipeline, config, KILLS, rng)
@@ -57,20 +67,33 @@ def test_coordinated_window_counts_survive_kill_9(make_pipeline: PipelineFactory
         when = base + timedelta(milliseconds=10 * i)
         campaign = f"c-{(i * 7919) % 17}"
         expected[(campaign, when.replace(second=0, microsecond=0).isoformat())] += 1
-        event = {"impression_id": f"i{i}", "campaign_id": campaign,
-                 "event_time": when.isoformat().replace("+00:00", "Z")}
+        event = {
+            "impression_id": f"i{i}",
+            "campaign_id": campaign,
+            "event_time": when.isoformat().replace("+00:00", "Z"),
+        }
         records.append((f"i{i}", json.dumps(event), i % 4))
     # The last event, an hour later, moves the watermark past every window above.
-    flush = {"impression_id": "flush", "campaign_id": "flush",
-             "event_time": (base + timedelta(hours=2)).isoformat().replace("+00:00", "Z")}
+    flush = {
+        "impression_id": "flush",
+        "campaign_id": "flush",
+        "event_time": (base + timedelta(hours=2)).isoformat().replace("+00:00", "Z"),
+    }
     records.append(("flush", json.dumps(flush), 0))
     produce(pipeline.broker, pipeline.source_topic, records)
-    source = {"kafka": {"bootstrapServers": pipeline.broker.bootstrap_servers,
-                        "topics": [pipeline.source_topic], "maxOffsetsPerTrigger": 20_000}}
+    source = {
+        "kafka": {
+            "bootstrapServers": pipeline.broker.bootstrap_servers,
+            "topics": [pipeline.source_topic],
+            "maxOffsetsPerTrigger": 20_000,
+        }
+    }
     config = pipeline.config(
         source=source,
-        transform={"python": {"module": "eop_spark.examples.impressions",
-                              "function": "count_impressions"}, "outputMode": "append"},
+        transform={
+            "python": {"module": "eop_spark.examples.impressions", "function": "count_impressions"},
+            "outputMode": "append",
+        },
     )
 
     kill_repeatedly(pipeline, config, KILLS, rng)
@@ -79,8 +102,11 @@ def test_coordinated_window_counts_survive_kill_9(make_pipeline: PipelineFactory
     def windows() -> list[dict[str, object]]:
         return [json.loads(v) for _, v in pipeline.output() if v is not None]
 
-    runner.wait_for("every window counted",
-                    lambda: pipeline.caught_up() and len(windows()) >= len(expected), 600)
+    runner.wait_for(
+        "every window counted",
+        lambda: pipeline.caught_up() and len(windows()) >= len(expected),
+        600,
+    )
     runner.terminate()
     assert runner.wait(180) == 0, runner.tail()
 

@@ -16,7 +16,12 @@ from tests.spark_apps.harness import REPO, runner_env
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "eop_spark", *args],
-        capture_output=True, text=True, timeout=60, env=runner_env(), cwd=REPO, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=runner_env(),
+        cwd=REPO,
+        check=False,
     )
 
 
@@ -25,11 +30,20 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     [
         ("{not json", "invalid run config"),
         (json.dumps({"pipeline": "a.b"}), "source: Field required"),
-        (json.dumps({"pipeline": "a.b", "source": {"kafka": {"bootstrapServers": "h:1"}},
-                     "transform": {"sql": "SELECT 1"}, "sink": {"kafka": {
-                         "bootstrapServers": "h:1", "topic": "o"}},
-                     "transactionalIdPrefix": "p", "progressGroup": "g",
-                     "checkpointRoot": "/c"}), "exactly one of topics or topicPattern"),
+        (
+            json.dumps(
+                {
+                    "pipeline": "a.b",
+                    "source": {"kafka": {"bootstrapServers": "h:1"}},
+                    "transform": {"sql": "SELECT 1"},
+                    "sink": {"kafka": {"bootstrapServers": "h:1", "topic": "o"}},
+                    "transactionalIdPrefix": "p",
+                    "progressGroup": "g",
+                    "checkpointRoot": "/c",
+                }
+            ),
+            "exactly one of topics or topicPattern",
+        ),
     ],
 )
 def test_malformed_config_is_one_line_and_exit_2(
@@ -52,11 +66,18 @@ def test_missing_config_file(tmp_path: Path) -> None:
 
 def test_overrides(tmp_path: Path) -> None:
     path = tmp_path / "run.json"
-    path.write_text(json.dumps({
-        "pipeline": "a.b", "source": {"kafka": {"bootstrapServers": "h:1", "topics": ["i"]}},
-        "transform": {"sql": "SELECT value FROM source"},
-        "sink": {"kafka": {"bootstrapServers": "h:1", "topic": "o"}},
-        "transactionalIdPrefix": "p", "progressGroup": "g", "checkpointRoot": "/c",
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "pipeline": "a.b",
+                "source": {"kafka": {"bootstrapServers": "h:1", "topics": ["i"]}},
+                "transform": {"sql": "SELECT value FROM source"},
+                "sink": {"kafka": {"bootstrapServers": "h:1", "topic": "o"}},
+                "transactionalIdPrefix": "p",
+                "progressGroup": "g",
+                "checkpointRoot": "/c",
+            }
+        )
+    )
     config = load_config(path, "/other", 3)
     assert config.checkpoint_location == "/other/gen-3"

@@ -54,8 +54,14 @@ def test_secret_dir_is_one_property_per_file(tmp_path: Path) -> None:
 def test_spark_source_options(tmp_path: Path) -> None:
     root = secret_dir(tmp_path / "s", **{"sasl.mechanism": "PLAIN"})
     config = make_config(
-        source={"kafka": {"bootstrapServers": "h:1", "topicPattern": "ev.*",
-                          "maxOffsetsPerTrigger": 10, "options": {"fetch.min.bytes": "1"}}},
+        source={
+            "kafka": {
+                "bootstrapServers": "h:1",
+                "topicPattern": "ev.*",
+                "maxOffsetsPerTrigger": 10,
+                "options": {"fetch.min.bytes": "1"},
+            }
+        },
         sourceSecretDir=str(root),
     )
     options = spark_source_options(config)
@@ -69,8 +75,15 @@ def test_spark_source_options(tmp_path: Path) -> None:
 
 
 def test_source_isolation_level_cannot_be_weakened() -> None:
-    config = make_config(source={"kafka": {"bootstrapServers": "h:1", "topics": ["a"],
-                                           "options": {"isolation.level": "read_uncommitted"}}})
+    config = make_config(
+        source={
+            "kafka": {
+                "bootstrapServers": "h:1",
+                "topics": ["a"],
+                "options": {"isolation.level": "read_uncommitted"},
+            }
+        }
+    )
     with pytest.raises(ConfigError, match="read_committed"):
         spark_source_options(config)
 
@@ -80,15 +93,25 @@ def test_sink_options_and_secrets_merge_but_transactional_settings_are_owned(
 ) -> None:
     root = secret_dir(tmp_path / "s", **{"sasl.password": "secret"})
     config = make_config(
-        sink={"kafka": {"bootstrapServers": "h:2", "topic": "o",
-                        "options": {"compression.type": "lz4"}}},
+        sink={
+            "kafka": {
+                "bootstrapServers": "h:2",
+                "topic": "o",
+                "options": {"compression.type": "lz4"},
+            }
+        },
         sinkSecretDir=str(root),
     )
     assert sink_client_config(config) == {
-        "bootstrap.servers": "h:2", "compression.type": "lz4", "sasl.password": "secret"
+        "bootstrap.servers": "h:2",
+        "compression.type": "lz4",
+        "sasl.password": "secret",
     }
-    bad = make_config(sink={"kafka": {"bootstrapServers": "h:2", "topic": "o",
-                                      "options": {"transactional.id": "x"}}})
+    bad = make_config(
+        sink={
+            "kafka": {"bootstrapServers": "h:2", "topic": "o", "options": {"transactional.id": "x"}}
+        }
+    )
     with pytest.raises(ConfigError, match=r"transactional\.id"):
         sink_client_config(bad)
 
@@ -102,7 +125,6 @@ def test_producer_config() -> None:
 
 
 def test_java_only_properties_are_dropped_for_librdkafka() -> None:
-    conf = {"bootstrap.servers": "127.0.0.1:9", "ssl.truststore.location": "/x",
-            "client.id": "c"}
+    conf = {"bootstrap.servers": "127.0.0.1:9", "ssl.truststore.location": "/x", "client.id": "c"}
     assert librdkafka_compatible(conf) == {"bootstrap.servers": "127.0.0.1:9", "client.id": "c"}
     assert source_client_config(make_config())["bootstrap.servers"] == "127.0.0.1:9"

@@ -87,8 +87,10 @@ def _raw_events(count: int, seed: int) -> tuple[Records, Counter[tuple[str, str]
 def _from_manifest(pipeline: Pipeline, name: str, **overrides: Any) -> dict[str, Any]:
     spec = _manifest(name)["spec"]
     bootstrap = pipeline.broker.bootstrap_servers
-    source = spec["source"]["kafka"] | {"bootstrapServers": bootstrap,
-                                         "topics": [pipeline.source_topic]}
+    source = spec["source"]["kafka"] | {
+        "bootstrapServers": bootstrap,
+        "topics": [pipeline.source_topic],
+    }
     sink = spec["sink"]["kafka"] | {"bootstrapServers": bootstrap, "topic": pipeline.sink_topic}
     return pipeline.config(
         source={"kafka": source},
@@ -105,13 +107,21 @@ def test_examples_clean_then_count_impressions_exactly(make_pipeline: PipelineFa
     records, expected = _raw_events(6000, seed=7)
     # A last impression an hour later moves the watermark past every real window.
     flush_time = (BASE_TIME + timedelta(hours=1)).isoformat().replace("+00:00", "Z")
-    records.append(("flush", json.dumps({"impression_id": "flush", "campaign_id": "flush",
-                                         "event_time": flush_time}), 0))
+    records.append(
+        (
+            "flush",
+            json.dumps(
+                {"impression_id": "flush", "campaign_id": "flush", "event_time": flush_time}
+            ),
+            0,
+        )
+    )
     clean = make_pipeline()
     produce(clean.broker, clean.source_topic, records)
 
-    cleaner = clean.start(_from_manifest(clean, "impressions-clean.yaml",
-                                         trigger={"availableNow": True}))
+    cleaner = clean.start(
+        _from_manifest(clean, "impressions-clean.yaml", trigger={"availableNow": True})
+    )
     assert cleaner.wait(300) == 0, cleaner.tail()
     assert {b["mode"] for b in cleaner.batches()} == {"partitioned"}
     clean_keys = Counter(k.decode() for k, _ in clean.output() if k is not None)
@@ -120,8 +130,9 @@ def test_examples_clean_then_count_impressions_exactly(make_pipeline: PipelineFa
 
     count = make_pipeline()
     count.source_topic = clean.sink_topic
-    counter = count.start(_from_manifest(count, "impressions-count.yaml",
-                                         trigger={"processingTime": "1s"}))
+    counter = count.start(
+        _from_manifest(count, "impressions-count.yaml", trigger={"processingTime": "1s"})
+    )
 
     def windows() -> list[dict[str, Any]]:
         return [json.loads(v) for _, v in count.output() if v is not None]

@@ -14,8 +14,14 @@ from eop_spark.metrics import Counters, serve_metrics
 
 def result(status: str = BatchStatus.COMMITTED) -> BatchResult:
     return BatchResult(
-        batch_id=7, mode="partitioned", status=status, rows_out=90,
-        offsets={("in", 1): 20, ("in", 0): 10}, txn_ms=12.34, transactions=2, rows_in=100,
+        batch_id=7,
+        mode="partitioned",
+        status=status,
+        rows_out=90,
+        offsets={("in", 1): 20, ("in", 0): 10},
+        txn_ms=12.34,
+        transactions=2,
+        rows_in=100,
         committed_at=1000.0,
     )
 
@@ -49,6 +55,6 @@ def test_counters_and_their_endpoint() -> None:
     finally:
         server.shutdown()
     text = body.decode()
-    assert '# TYPE eop_rows_out_total counter' in text
+    assert "# TYPE eop_rows_out_total counter" in text
     assert 'eop_rows_out_total{pipeline="ns.\\"p\\""} 180' in text
     assert 'eop_commit_seconds_total{pipeline="ns.\\"p\\""}' in text

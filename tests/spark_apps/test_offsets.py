@@ -88,4 +88,3 @@ def test_coordinated_runs_new_partitions_and_reports_g_behind_the_checkpoint() -
     behind = decide_batch({T0: 3}, {T0: 10}, {T0: 20}, batch_id=5)
     assert behind.action == BatchAction.RUN
     assert "behind" in behind.detail
-

@@ -24,8 +24,10 @@ PROVENANCE = "`__eop_src_topic`"
         ("SELECT * FROM source", "`source`"),
         ("SELECT s.key, upper(CAST(s.value AS STRING)) AS value FROM source AS s", "`s`"),
         ("SELECT 'x' AS topic, value FROM Source", "`Source`"),
-        ("SELECT key, x AS value FROM source LATERAL VIEW explode(array(value)) t AS x",
-         "`source`"),
+        (
+            "SELECT key, x AS value FROM source LATERAL VIEW explode(array(value)) t AS x",
+            "`source`",
+        ),
     ],
 )
 def test_record_wise_sql_gets_qualified_provenance_columns(sql: str, qualifier: str) -> None:
@@ -96,7 +98,11 @@ PHYSICAL_FILTER = """\
 
 def test_plan_nodes_reads_operator_names() -> None:
     assert plan_nodes(ANALYZED_FILTER) == [
-        "Project", "Filter", "SubqueryAlias", "View", "StreamingRelationV2"
+        "Project",
+        "Filter",
+        "SubqueryAlias",
+        "View",
+        "StreamingRelationV2",
     ]
     assert plan_nodes(PHYSICAL_FILTER) == ["Project", "Filter", "MicroBatchScan"]
 
@@ -106,7 +112,10 @@ def test_blockers() -> None:
     assert logical_blockers(ANALYZED_AGGREGATE) == ["Aggregate"]
     assert physical_blockers(PHYSICAL_FILTER) == []
     assert physical_blockers(PHYSICAL_AGGREGATE) == [
-        "HashAggregate", "StateStoreSave", "StateStoreRestore", "Exchange"
+        "HashAggregate",
+        "StateStoreSave",
+        "StateStoreRestore",
+        "Exchange",
     ]
 
 

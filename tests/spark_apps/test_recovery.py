@@ -33,12 +33,23 @@ def keyed_input(pipeline: Pipeline, count: int, prefix: str = "k") -> list[str]:
 
 
 def config_for(pipeline: Pipeline, mode: str, max_offsets: int, **overrides: Any) -> dict[str, Any]:
-    source = {"kafka": {"bootstrapServers": pipeline.broker.bootstrap_servers,
-                        "topics": [pipeline.source_topic], "maxOffsetsPerTrigger": max_offsets}}
-    sink = {"kafka": {"bootstrapServers": pipeline.broker.bootstrap_servers,
-                      "topic": pipeline.sink_topic, "commitMode": mode}}
-    return pipeline.config(source=source, sink=sink, **({"transform": {"sql": PASSTHROUGH}}
-                                                          | overrides))
+    source = {
+        "kafka": {
+            "bootstrapServers": pipeline.broker.bootstrap_servers,
+            "topics": [pipeline.source_topic],
+            "maxOffsetsPerTrigger": max_offsets,
+        }
+    }
+    sink = {
+        "kafka": {
+            "bootstrapServers": pipeline.broker.bootstrap_servers,
+            "topic": pipeline.sink_topic,
+            "commitMode": mode,
+        }
+    }
+    return pipeline.config(
+        source=source, sink=sink, **({"transform": {"sql": PASSTHROUGH}} | overrides)
+    )
 
 
 @pytest.mark.parametrize("mode", ["partitioned", "coordinated"])
@@ -60,9 +71,7 @@ def test_a_batch_committed_to_kafka_but_not_to_the_checkpoint_is_skipped(
     replay = pipeline.start(config)
     assert replay.wait(300) == 0, replay.tail()
     replayed = replay.batches()
-    assert [(b["batch_id"], b["status"], b["rows_out"]) for b in replayed] == [
-        (last, "skipped", 0)
-    ]
+    assert [(b["batch_id"], b["status"], b["rows_out"]) for b in replayed] == [(last, "skipped", 0)]
     assert_exactly_once(pipeline.output(), keys)
     assert pipeline.progress() == pipeline.end_offsets()
 
@@ -84,8 +93,9 @@ def test_sigterm_lets_the_batch_in_flight_commit_and_restart_does_no_replay(
     assert before[-1]["committed_at"] > signalled, "no batch committed after SIGTERM"
     assert runner.stderr == ""
 
-    rest = pipeline.start(config_for(pipeline, "auto", 2000, transform=slow,
-                                     trigger={"availableNow": True}))
+    rest = pipeline.start(
+        config_for(pipeline, "auto", 2000, transform=slow, trigger={"availableNow": True})
+    )
     assert rest.wait(300) == 0, rest.tail()
     after = rest.batches()
     assert after[0]["batch_id"] == before[-1]["batch_id"] + 1
@@ -151,8 +161,11 @@ def test_records_of_aborted_upstream_transactions_never_reach_the_output(
 def _feed(pipeline: Pipeline, keys: list[str], chunk: int = 1000, pause: float = 0.5) -> None:
     """Produce ``keys`` little by little, so concurrent runners see different batch bounds."""
     for start in range(0, len(keys), chunk):
-        produce(pipeline.broker, pipeline.source_topic,
-                ((k, k, i % 4) for i, k in enumerate(keys[start:start + chunk], start=start)))
+        produce(
+            pipeline.broker,
+            pipeline.source_topic,
+            ((k, k, i % 4) for i, k in enumerate(keys[start : start + chunk], start=start)),
+        )
         time.sleep(pause)
 
 

@@ -26,8 +26,13 @@ def test_partitioned_filter_commits_each_kept_record_once_and_g_reaches_the_end(
     config = pipeline.config(
         transform={"sql": sql},
         trigger={"availableNow": True},
-        source={"kafka": {"bootstrapServers": pipeline.broker.bootstrap_servers,
-                          "topics": [pipeline.source_topic], "maxOffsetsPerTrigger": 1500}},
+        source={
+            "kafka": {
+                "bootstrapServers": pipeline.broker.bootstrap_servers,
+                "topics": [pipeline.source_topic],
+                "maxOffsetsPerTrigger": 1500,
+            }
+        },
     )
     runner = pipeline.start(config)
     assert runner.wait(300) == 0, runner.tail()

@@ -9,8 +9,9 @@ from tests.spark_apps.test_client_config import make_config
 
 
 def test_local_runs_stay_on_loopback_and_size_shuffles_to_the_cores() -> None:
-    conf = session_conf(make_config(spark={"master": "local[3]"}), [Path("/j/a.jar")],
-                        Path("/tmp/l.properties"))
+    conf = session_conf(
+        make_config(spark={"master": "local[3]"}), [Path("/j/a.jar")], Path("/tmp/l.properties")
+    )
     assert conf["spark.driver.bindAddress"] == "127.0.0.1"
     assert conf["spark.ui.enabled"] == "false"
     assert conf["spark.sql.shuffle.partitions"] == "6"
@@ -19,10 +20,16 @@ def test_local_runs_stay_on_loopback_and_size_shuffles_to_the_cores() -> None:
 
 
 def test_user_conf_wins_and_java_options_are_appended() -> None:
-    config = make_config(spark={"master": "k8s://https://api:6443",
-                                "executor": {"instances": 3, "cores": 2},
-                                "conf": {"spark.sql.shuffle.partitions": "64",
-                                         "spark.driver.extraJavaOptions": "-Dx=1"}})
+    config = make_config(
+        spark={
+            "master": "k8s://https://api:6443",
+            "executor": {"instances": 3, "cores": 2},
+            "conf": {
+                "spark.sql.shuffle.partitions": "64",
+                "spark.driver.extraJavaOptions": "-Dx=1",
+            },
+        }
+    )
     conf = session_conf(config, [], Path("/tmp/l.properties"))
     assert conf["spark.sql.shuffle.partitions"] == "64"
     assert conf["spark.executor.instances"] == "3"

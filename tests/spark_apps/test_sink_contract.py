@@ -17,8 +17,16 @@ HEADERS = "array<struct<key:string,value:binary>>"
 
 def test_value_alone_or_with_every_optional_column() -> None:
     assert output_layout([("value", "binary")]) == OutputLayout()
-    full = output_layout([("key", "string"), ("value", "string"), ("headers", HEADERS),
-                          ("partition", "int"), ("topic", "string"), ("extra", "double")])
+    full = output_layout(
+        [
+            ("key", "string"),
+            ("value", "string"),
+            ("headers", HEADERS),
+            ("partition", "int"),
+            ("topic", "string"),
+            ("extra", "double"),
+        ]
+    )
     assert full == OutputLayout(has_key=True, has_headers=True, has_partition=True)
     assert full.columns() == ["value", "key", "headers", "partition"]
 

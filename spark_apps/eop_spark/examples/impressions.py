@@ -122,8 +122,9 @@ def count_impressions(source: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     impression = F.from_json(F.col("value").cast("string"), CLEAN_SCHEMA)
-    events = source.select(impression["campaign_id"].alias("campaign_id"),
-                           impression["event_time"].alias("event_time"))
+    events = source.select(
+        impression["campaign_id"].alias("campaign_id"), impression["event_time"].alias("event_time")
+    )
     counts = (
         events.where(F.col("campaign_id").isNotNull() & F.col("event_time").isNotNull())
         .withWatermark("event_time", WATERMARK_DELAY)
