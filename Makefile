@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 CRD := exactlyoncepipelines.exactlyonce.io.yaml
 
-.PHONY: setup deps crds lint test test-unit test-fast test-e2e cluster-up cluster-down clean
+.PHONY: demo setup deps crds lint test test-unit test-fast test-e2e cluster-up cluster-down clean
 
 ## setup: create .venv and install eop with every extra (the dev environment)
 setup: .venv/.installed
@@ -27,6 +27,10 @@ lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check operator spark_apps devenv tests bench
 	.venv/bin/mypy
+
+## demo: the main job: local cluster, Kafka, the chart, two pipelines, disruptions, verification
+demo: deps
+	$(PY) -m demo.run
 
 ## test: the whole suite (unit, real Kafka + Spark, real control plane); what CI runs
 test: deps

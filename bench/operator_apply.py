@@ -55,7 +55,7 @@ class Poller(threading.Thread):
     a list of a hundred objects costs the API server a few milliseconds.
     """
 
-    def __init__(self, cp: ControlPlane, path: str, done: Any, every: float = 0.02) -> None:
+    def __init__(self, cp: ControlPlane, path: str, done: Any, every: float = 0.1) -> None:
         super().__init__(daemon=True)
         self.url = f"{cp.server}{path}"
         self.context = ssl.create_default_context(cafile=str(cp.ca_cert))

@@ -172,9 +172,24 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: An
         )
 
 
+@kopf.index(GROUP, VERSION, PLURAL)
+def pipeline_states(
+    namespace: str | None, name: str | None, spec: kopf.Spec, status: kopf.Status, **_: Any
+) -> dict[tuple[str | None, str | None], tuple[bool, Any, Any]]:
+    """Suspension, phase and READY of every pipeline, kept in memory by kopf."""
+    return {
+        (namespace, name): (
+            bool(spec.get("suspend", False)),
+            status.get("phase"),
+            status.get("ready"),
+        )
+    }
+
+
 @kopf.on.event("apps", "v1", "statefulsets", labels={"app.kubernetes.io/managed-by": MANAGED_BY})
-async def driver_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def driver_changed(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """Mirror the driver StatefulSet's readiness into the pipeline's status."""
+    pipeline_states: kopf.Index[Any, Any] = kwargs["pipeline_states"]
     owner = next(
         (ref for ref in body.metadata.get("ownerReferences", []) if ref.get("kind") == KIND),
         None,
@@ -184,6 +199,12 @@ async def driver_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     client: KubeClient = memo.client
     namespace = body.metadata.namespace
     assert namespace is not None
+    driver = DriverObservation.from_statefulset(plain(body))
+    for suspend, phase, ready in pipeline_states.get((namespace, owner["name"]), []):
+        # Most StatefulSet events change nothing the status shows: skip the read.
+        verdict = judge(suspend=suspend, driver=driver, error=None)
+        if verdict.phase.value == phase and ready_column(driver, suspend=suspend) == ready:
+            return
     current = await client.get(API_VERSION, KIND, namespace, owner["name"])
     if current is None or current["metadata"].get("deletionTimestamp"):
         return
@@ -192,7 +213,6 @@ async def driver_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     except InvalidPipeline:
         return  # reconcile has already reported it
     suspend = pipeline.spec.suspend
-    driver = DriverObservation.from_statefulset(plain(body))
     verdict = judge(suspend=suspend, driver=driver, error=None)
     ready = ready_column(driver, suspend=suspend)
     if pipeline.status.phase == verdict.phase and pipeline.status.ready == ready:

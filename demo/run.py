@@ -1,0 +1,702 @@
+"""``make demo``: two exactly-once pipelines on the local cluster, disrupted mid-stream, verified.
+
+Steps (one progress line each, with elapsed seconds):
+
+1. the local cluster (``devenv.cluster``, images built and imported) and a Kafka broker on
+   127.0.0.1 with the topics ``impressions-raw`` (4), ``impressions-clean`` (4) and
+   ``campaign-counts`` (4);
+2. the operator from ``charts/eop`` (``helm upgrade --install`` into ``eop-system``);
+3. ``impressions-clean`` (partitioned commit mode) while a producer thread writes uniquely
+   keyed impression events (some invalid or from bots), during which the clean driver pod is
+   force-deleted and the clean query is upgraded (a WHERE clause that changes no result);
+4. ``impressions-count`` (coordinated commit mode, stateful, output mode update) over the
+   clean topic;
+5. each pipeline's progress group ``eop.<namespace>.<name>`` is awaited until it covers the
+   source's end offsets, then the outputs are read back ``read_committed`` and compared with an
+   exact recount of what was produced.
+
+Why the two pipelines run one after the other: on this one-node, host-network cluster two
+drivers cannot be scheduled together (each driver pod declares containerPorts 4040 and 9090,
+which become host ports, and requests a whole CPU on a 2-core node). The clean pipeline is
+suspended (``spec.suspend``) once it has drained, then the count pipeline runs.
+
+The count uses the example's SQL version (no watermark, output mode ``update``): every batch
+re-emits the counts it changed, so the final count of a (campaign, window) is the last record
+with that key. Unlike the watermarked append version it never drops events as "late" when the
+upstream pipeline catches up after a disruption, so the recount is exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devenv.cluster import REPO, LocalCluster
+from devenv.kafka import KafkaBroker
+
+CHART = REPO / "charts" / "eop"
+EXAMPLES = REPO / "spark_apps" / "eop_spark" / "examples"
+OPERATOR_NAMESPACE = "eop-system"
+RELEASE = "eop"
+NAMESPACE = "eop-demo"
+RAW_TOPIC = "impressions-raw"
+CLEAN_TOPIC = "impressions-clean"
+COUNT_TOPIC = "campaign-counts"
+CLEAN = "impressions-clean"
+COUNT = "impressions-count"
+CAMPAIGNS = [f"c-{i}" for i in range(1, 9)]
+#: Event time starts here and advances ``SIM_SECONDS_PER_EVENT`` per event produced.
+BASE_TIME = datetime(2026, 5, 1, 10, 0, 0, tzinfo=UTC)
+SIM_SECONDS_PER_EVENT = 0.02
+#: A clean-query change that alters no result (every id produced is non-empty).
+UPGRADE_PREDICATE = "\n  AND length(get_json_object(CAST(value AS STRING), '$.impression_id')) > 0"
+
+_T0 = time.monotonic()
+
+
+class DemoError(RuntimeError):
+    """A step of the demo failed; the message says which and why."""
+
+
+def step(message: str) -> None:
+    """Print one progress line with the seconds since the demo started."""
+    print(f"[{time.monotonic() - _T0:6.1f}s] {message}", flush=True)
+
+
+def eventually(check: Callable[[], Any], timeout: float, what: str, interval: float = 1.0) -> Any:
+    """Poll ``check`` until truthy; raise :class:`DemoError` naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise DemoError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+# ----------------------------------------------------------------------------- events
+
+
+@dataclass
+class Produced:
+    """What the producer wrote, for the recount."""
+
+    total: int = 0
+    clean_ids: set[str] = field(default_factory=set)
+    #: (campaign, window start as epoch seconds) -> valid impressions
+    windows: Counter[tuple[str, int]] = field(default_factory=Counter)
+    invalid: int = 0
+
+
+def make_event(run: str, n: int, rng: random.Random) -> tuple[dict[str, Any], bool]:
+    """Event number ``n`` of this run and whether the clean pipeline keeps it.
+
+    About 8 % are dropped by the clean pipeline: bot flag, bot user agent, unreadable time,
+    missing campaign (each id stays unique, so the recount is exact).
+    """
+    ts = BASE_TIME + timedelta(seconds=n * SIM_SECONDS_PER_EVENT + rng.uniform(0, 5))
+    event: dict[str, Any] = {
+        "impression_id": f"i-{run}-{n}",
+        "campaign_id": rng.choice(CAMPAIGNS),
+        "event_time": ts.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "placement": rng.choice(["top", "side", "feed"]),
+        "user_agent": "Mozilla/5.0",
+        "is_bot": False,
+    }
+    kind = rng.random()
+    if kind < 0.03:
+        event["is_bot"] = True
+    elif kind < 0.05:
+        event["user_agent"] = "Mozilla/5.0 (compatible; Googlebot/2.1)"
+    elif kind < 0.065:
+        event["event_time"] = "not-a-time"
+    elif kind < 0.08:
+        del event["campaign_id"]
+    else:
+        return event, True
+    return event, False
+
+
+class ProducerThread(threading.Thread):
+    """Writes impression events to ``RAW_TOPIC`` at ``rate`` per second for ``duration`` s."""
+
+    def __init__(self, broker: KafkaBroker, rate: int, duration: float, seed: int = 7) -> None:
+        """Prepare; nothing is produced until :meth:`start`."""
+        super().__init__(name="demo-producer", daemon=True)
+        self.broker, self.rate, self.duration = broker, rate, duration
+        self.run_id = uuid.uuid4().hex[:6]
+        self.rng = random.Random(seed)
+        self.produced = Produced()
+        self.error: BaseException | None = None
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        """Ask the thread to stop early (it flushes what it produced)."""
+        self._stop_event.set()
+
+    def run(self) -> None:
+        """Produce in 10 ms slices until the duration is over; flush; record errors."""
+        from confluent_kafka import Producer
+
+        try:
+            producer = Producer(
+                self.broker.client_config({"enable.idempotence": True, "linger.ms": 20})
+            )
+            began = time.monotonic()
+            n = 0
+            while not self._stop_event.is_set():
+                elapsed = time.monotonic() - began
+                if elapsed >= self.duration:
+                    break
+                while n < int(elapsed * self.rate) + 1:
+                    event, valid = make_event(self.run_id, n, self.rng)
+                    key = event["impression_id"]
+                    producer.produce(RAW_TOPIC, key=key.encode(), value=json.dumps(event).encode())
+                    if valid:
+                        self.produced.clean_ids.add(key)
+                        ts = datetime.strptime(event["event_time"], "%Y-%m-%dT%H:%M:%SZ")
+                        epoch = int(ts.replace(tzinfo=UTC).timestamp())
+                        self.produced.windows[(event["campaign_id"], epoch - epoch % 60)] += 1
+                    else:
+                        self.produced.invalid += 1
+                    n += 1
+                producer.poll(0)
+                time.sleep(0.01)
+            if producer.flush(60) != 0:
+                raise DemoError("the producer could not flush its last events in 60s")
+            self.produced.total = n
+        except BaseException as exc:  # reported by the main thread
+            self.error = exc
+
+
+# ----------------------------------------------------------------------------- kafka
+
+
+def start_broker(work_dir: Path) -> KafkaBroker:
+    """A broker in ``work_dir`` with the demo's three topics."""
+    broker = KafkaBroker(work_dir).start()
+    for topic in (RAW_TOPIC, CLEAN_TOPIC, COUNT_TOPIC):
+        broker.create_topic(topic, 4, exist_ok=True)
+    return broker
+
+
+def end_offsets(broker: KafkaBroker, topic: str) -> dict[int, int]:
+    """The read_committed end offset (last stable offset) of each partition of ``topic``."""
+    from confluent_kafka import IsolationLevel, TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+
+    admin = AdminClient(broker.client_config({"log_level": 3}))
+    meta = admin.list_topics(topic, timeout=10)
+    parts = [TopicPartition(topic, p) for p in meta.topics[topic].partitions]
+    futures = admin.list_offsets(
+        {tp: OffsetSpec.latest() for tp in parts},  # type: ignore[no-untyped-call]
+        isolation_level=IsolationLevel.READ_COMMITTED,
+        request_timeout=10,
+    )
+    return {tp.partition: fut.result().offset for tp, fut in futures.items()}
+
+
+def progress_offsets(broker: KafkaBroker, group: str, topic: str) -> dict[int, int]:
+    """Offsets of ``topic`` committed in ``group`` (require_stable); missing -> absent."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(broker.client_config({"log_level": 3}))
+    meta = admin.list_topics(topic, timeout=10)
+    request = ConsumerGroupTopicPartitions(
+        group, [TopicPartition(topic, p) for p in meta.topics[topic].partitions]
+    )
+    futures = admin.list_consumer_group_offsets([request], require_stable=True, request_timeout=10)
+    result = futures[group].result()
+    return {tp.partition: tp.offset for tp in result.topic_partitions if tp.offset >= 0}
+
+
+def wait_caught_up(broker: KafkaBroker, pipeline: str, topic: str, timeout: float) -> None:
+    """Wait until ``eop.<ns>.<pipeline>`` has committed the end offset of every partition."""
+    group = f"eop.{NAMESPACE}.{pipeline}"
+    state: dict[str, Any] = {}
+
+    def caught_up() -> bool:
+        try:
+            state["end"] = end_offsets(broker, topic)
+            state["done"] = progress_offsets(broker, group, topic)
+        except Exception as exc:  # a transient admin error: retry
+            state["error"] = repr(exc)
+            return False
+        return all(state["done"].get(p, 0) >= e for p, e in state["end"].items())
+
+    try:
+        eventually(caught_up, timeout, f"progress group {group} to reach the end of {topic}", 2)
+    except DemoError as exc:
+        raise DemoError(
+            f"{exc}: end offsets {state.get('end')}, committed {state.get('done')}"
+            + (f", last error {state['error']}" if "error" in state else "")
+        ) from None
+
+
+def read_committed(broker: KafkaBroker, topic: str) -> list[tuple[str, str]]:
+    """Every record of ``topic`` visible to a read_committed reader (up to the end offsets)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    ends = end_offsets(broker, topic)
+    consumer = Consumer(
+        broker.client_config(
+            {
+                "group.id": f"demo-reader-{uuid.uuid4().hex[:8]}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+            }
+        )
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+    records: list[tuple[str, str]] = []
+    position = dict.fromkeys(ends, 0)
+    deadline = time.monotonic() + 120
+    try:
+        while any(position[p] < ends[p] for p in ends):
+            if time.monotonic() > deadline:
+                raise DemoError(f"reading {topic}: stuck at {position}, end {ends}")
+            for msg in consumer.consume(1000, 1.0):
+                if msg.error():
+                    continue
+                records.append(((msg.key() or b"").decode(), (msg.value() or b"").decode()))
+                part, offset = msg.partition(), msg.offset()
+                if part is not None and offset is not None:
+                    position[part] = offset + 1
+            # Transaction markers at the end are never delivered: ask where the reader is.
+            for tp in consumer.position([TopicPartition(topic, p) for p in ends]):
+                if tp.offset >= 0:
+                    position[tp.partition] = max(position[tp.partition], tp.offset)
+    finally:
+        consumer.close()
+    return records
+
+
+# ----------------------------------------------------------------------------- kubernetes
+
+
+@dataclass
+class Images:
+    """The image refs imported into the cluster."""
+
+    operator: str
+    spark: str
+
+
+def bring_up_cluster() -> tuple[LocalCluster, Images]:
+    """Start the local cluster (idempotent) and build/import the current images."""
+    cluster = LocalCluster()
+    cluster.up(images=False)
+    refs = cluster.load_images()
+    return cluster, Images(refs["operator"], refs["spark"])
+
+
+def operator_values(cluster: LocalCluster, images: Images, watch: list[str]) -> dict[str, Any]:
+    """Chart values for the local cluster: host network, loopback apiserver, local images."""
+    from devenv.kafka import _free_port
+
+    health_port = _free_port()
+    return {
+        "image": {
+            "repository": images.operator.rsplit(":", 1)[0],
+            "tag": images.operator.rsplit(":", 1)[1],
+            "pullPolicy": "Never",
+        },
+        "defaultPipelineImage": images.spark,
+        "watchNamespaces": watch,
+        "hostNetwork": True,
+        "health": {"port": health_port},
+        "metrics": {"port": _free_port()},
+        "extraArgs": [f"--liveness=http://127.0.0.1:{health_port}/healthz"],
+        "extraEnv": [
+            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": str(cluster.apiserver_port)},
+        ],
+    }
+
+
+def install_operator(cluster: LocalCluster, images: Images, work_dir: Path) -> None:
+    """Apply the CRD, then ``helm upgrade --install`` the chart and wait for the operator."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"),
+                    check=True)  # fmt: skip
+    for ns in (NAMESPACE, OPERATOR_NAMESPACE):
+        if cluster.kubectl("get", "namespace", ns).returncode != 0:
+            cluster.kubectl("create", "namespace", ns, check=True)
+    values = work_dir / "operator-values.json"
+    values.write_text(json.dumps(operator_values(cluster, images, [NAMESPACE])))
+    result = cluster.helm(
+        "upgrade", "--install", RELEASE, str(CHART), "-n", OPERATOR_NAMESPACE, "-f", str(values),
+        "--wait", "--timeout=180s",
+    )  # fmt: skip
+    if result.returncode != 0:
+        pods = cluster.kubectl("describe", "pods", "-n", OPERATOR_NAMESPACE).stdout[-3000:]
+        raise DemoError(f"helm upgrade --install failed: {result.stderr.strip()}\n{pods}")
+
+
+def pipeline_manifest(name: str, broker: KafkaBroker, images: Images) -> dict[str, Any]:
+    """The example manifest of ``name``, adapted to this cluster and the demo's topics."""
+    manifest: dict[str, Any] = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
+    manifest["metadata"]["namespace"] = NAMESPACE
+    spec = manifest["spec"]
+    spec["source"]["kafka"]["bootstrapServers"] = broker.bootstrap_servers
+    spec["sink"]["kafka"]["bootstrapServers"] = broker.bootstrap_servers
+    spec["image"] = images.spark
+    spec["imagePullPolicy"] = "Never"
+    spec["driver"] = {"hostNetwork": True}
+    spec["trigger"] = {"processingTime": "2s"}
+    spec["spark"]["master"] = "local[1]"
+    spec["spark"]["driver"] = {"cores": 1, "memory": "768m"}
+    if name == COUNT:
+        from eop_spark.examples.impressions import COUNT_IMPRESSIONS_SQL
+
+        spec["source"]["kafka"]["topics"] = [CLEAN_TOPIC]
+        spec["sink"]["kafka"]["topic"] = COUNT_TOPIC
+        spec["transform"] = {"sql": COUNT_IMPRESSIONS_SQL, "outputMode": "update"}
+    else:
+        spec["source"]["kafka"]["topics"] = [RAW_TOPIC]
+        spec["sink"]["kafka"]["topic"] = CLEAN_TOPIC
+    return manifest
+
+
+def get_json(cluster: LocalCluster, *args: str) -> dict[str, Any]:
+    """``kubectl get -o json ARGS`` or ``{}``."""
+    result = cluster.kubectl("get", "-o", "json", *args)
+    return json.loads(result.stdout) if result.returncode == 0 else {}
+
+
+def driver_pods(cluster: LocalCluster, pipeline: str) -> list[dict[str, Any]]:
+    """The pipeline's driver pods that exist (terminating ones included)."""
+    pods = get_json(cluster, "pods", "-n", NAMESPACE, "-l", f"exactlyonce.io/pipeline={pipeline}")
+    return [p for p in pods.get("items", []) if "-driver-" in p["metadata"]["name"]]
+
+
+def running_driver(cluster: LocalCluster, pipeline: str) -> dict[str, Any] | None:
+    """The driver pod if exactly one exists, not terminating, with its container running."""
+    pods = driver_pods(cluster, pipeline)
+    if len(pods) != 1 or pods[0]["metadata"].get("deletionTimestamp"):
+        return None
+    statuses = pods[0].get("status", {}).get("containerStatuses", [])
+    if statuses and "running" in statuses[0].get("state", {}):
+        return pods[0]
+    return None
+
+
+class PodSampler(threading.Thread):
+    """Samples a pipeline's driver pods every 0.5 s; records the most seen at once."""
+
+    def __init__(self, cluster: LocalCluster, pipeline: str) -> None:
+        """Prepare; sampling starts with :meth:`start`."""
+        super().__init__(name=f"sampler-{pipeline}", daemon=True)
+        self.cluster, self.pipeline = cluster, pipeline
+        self.max_seen = 0
+        self.samples = 0
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        """Stop sampling and wait for the thread."""
+        self._stop_event.set()
+        self.join(10)
+
+    def run(self) -> None:
+        """Sample until stopped."""
+        while not self._stop_event.wait(0.5):
+            pods = [
+                p for p in driver_pods(self.cluster, self.pipeline)
+                if p.get("status", {}).get("phase") in ("Pending", "Running")
+            ]  # fmt: skip
+            self.max_seen = max(self.max_seen, len(pods))
+            self.samples += 1
+
+
+def wait_driver(cluster: LocalCluster, pipeline: str, timeout: float, not_uid: str = "") -> str:
+    """Wait for a running driver pod (other than ``not_uid``); return its uid."""
+    pod = eventually(
+        lambda: (p := running_driver(cluster, pipeline)) and p["metadata"]["uid"] != not_uid and p,
+        timeout,
+        f"a running driver of {pipeline}"
+        + (f" other than {not_uid[:8]}" if not_uid else "")
+        + f"; pods: {[p['metadata']['name'] for p in driver_pods(cluster, pipeline)]}",
+    )
+    return str(pod["metadata"]["uid"])
+
+
+def kill_driver_pod(cluster: LocalCluster, pipeline: str, timeout: float = 240) -> float:
+    """Force-delete the driver pod; wait for its replacement to run; return the seconds taken."""
+    began = time.monotonic()
+    old = wait_driver(cluster, pipeline, 60)
+    cluster.kubectl("delete", "pod", f"{pipeline}-driver-0", "-n", NAMESPACE,
+                    "--grace-period=0", "--force", check=True)  # fmt: skip
+    wait_driver(cluster, pipeline, timeout, not_uid=old)
+    return time.monotonic() - began
+
+
+def kill_driver_container(cluster: LocalCluster, pipeline: str, timeout: float = 240) -> float:
+    """SIGKILL the driver container through containerd; wait until it runs again."""
+    began = time.monotonic()
+    pod = eventually(lambda: running_driver(cluster, pipeline), 60, f"{pipeline} driver")
+    status = pod["status"]["containerStatuses"][0]
+    container_id = status["containerID"].split("://", 1)[1]
+    restarts = int(status.get("restartCount", 0))
+    cluster.ctr("task", "kill", "-s", "SIGKILL", container_id, check=True)
+
+    def restarted() -> bool:
+        p = running_driver(cluster, pipeline)
+        return p is not None and int(p["status"]["containerStatuses"][0]["restartCount"]) > restarts
+
+    eventually(restarted, timeout, f"the {pipeline} driver container to restart")
+    return time.monotonic() - began
+
+
+def upgrade_clean_query(cluster: LocalCluster, timeout: float = 240) -> float:
+    """Change the clean pipeline's WHERE (same results); wait for the new driver to run."""
+    began = time.monotonic()
+    old = wait_driver(cluster, CLEAN, 60)
+    current = get_json(cluster, "eop", CLEAN, "-n", NAMESPACE)
+    sql = current["spec"]["transform"]["sql"].rstrip() + UPGRADE_PREDICATE + "\n"
+    patch = json.dumps({"spec": {"transform": {"sql": sql}}})
+    cluster.kubectl("patch", "eop", CLEAN, "-n", NAMESPACE, "--type=merge", "-p", patch,
+                    check=True)  # fmt: skip
+    wait_driver(cluster, CLEAN, timeout, not_uid=old)
+    return time.monotonic() - began
+
+
+def suspend(cluster: LocalCluster, pipeline: str, timeout: float = 180) -> None:
+    """Suspend the pipeline and wait for its driver pod to be gone."""
+    cluster.kubectl("patch", "eop", pipeline, "-n", NAMESPACE, "--type=merge",
+                    "-p", '{"spec":{"suspend":true}}', check=True)  # fmt: skip
+    eventually(lambda: not driver_pods(cluster, pipeline), timeout, f"{pipeline} to stop")
+
+
+# ----------------------------------------------------------------------------- verification
+
+
+@dataclass
+class Verification:
+    """The numbers of the final table."""
+
+    produced: int
+    expected_clean: int
+    clean_records: int
+    duplicates: int
+    missing: int
+    unexpected: int
+    count_duplicate_keys: int
+    per_campaign: dict[str, tuple[int, int]]  # campaign -> (expected, counted)
+    window_diffs: int
+    windows: int
+
+    @property
+    def ok(self) -> bool:
+        """Whether every difference is zero."""
+        return self.duplicates == self.missing == self.unexpected == self.window_diffs == 0 and all(
+            e == c for e, c in self.per_campaign.values()
+        )
+
+    def table(self) -> str:
+        """The verification table as text."""
+        rows = [
+            ("events produced to " + RAW_TOPIC, self.produced, ""),
+            ("expected clean events (valid)", self.expected_clean, ""),
+            ("records in " + CLEAN_TOPIC + " (read_committed)", self.clean_records,
+             self.clean_records - self.expected_clean),
+            ("duplicate clean records", self.duplicates, self.duplicates),
+            ("missing clean records", self.missing, self.missing),
+            ("unexpected clean records", self.unexpected, self.unexpected),
+            ("(campaign, minute) windows expected", self.windows, ""),
+            ("windows whose last count differs", self.window_diffs, self.window_diffs),
+        ]  # fmt: skip
+        lines = [f"{'':2}{'check':<52}{'value':>10}{'diff':>8}", "  " + "-" * 70]
+        lines += [f"  {name:<52}{value:>10}{diff!s:>8}" for name, value, diff in rows]
+        lines += ["", f"  {'campaign':<12}{'recount':>10}{'counted':>10}{'diff':>8}"]
+        for campaign, (expected, counted) in sorted(self.per_campaign.items()):
+            lines.append(f"  {campaign:<12}{expected:>10}{counted:>10}{counted - expected:>8}")
+        return "\n".join(lines)
+
+
+def window_epoch(text: str) -> int:
+    """Epoch seconds of a Spark ``to_json`` timestamp such as ``2026-05-01T10:00:00.000Z``."""
+    return int(datetime.fromisoformat(text).timestamp())
+
+
+def last_counts(records: list[tuple[str, str]]) -> dict[tuple[str, int], int]:
+    """Update mode: the last count per (campaign, window start)."""
+    last: dict[tuple[str, int], int] = {}
+    for _key, value in records:
+        row = json.loads(value)
+        last[(row["campaign_id"], window_epoch(row["window_start"]))] = int(row["impressions"])
+    return last
+
+
+def verify(broker: KafkaBroker, produced: Produced) -> Verification:
+    """Read both output topics read_committed and compare them with the recount."""
+    clean = read_committed(broker, CLEAN_TOPIC)
+    keys = Counter(k for k, _ in clean)
+    counts = last_counts(read_committed(broker, COUNT_TOPIC))
+    expected = produced.windows
+    per_campaign: dict[str, tuple[int, int]] = {}
+    for campaign in sorted({c for c, _ in expected} | {c for c, _ in counts}):
+        e = sum(n for (c, _), n in expected.items() if c == campaign)
+        got = sum(n for (c, _), n in counts.items() if c == campaign)
+        per_campaign[campaign] = (e, got)
+    diffs = sum(1 for k in set(expected) | set(counts) if expected.get(k, 0) != counts.get(k, 0))
+    return Verification(
+        produced=produced.total,
+        expected_clean=len(produced.clean_ids),
+        clean_records=len(clean),
+        duplicates=sum(n - 1 for n in keys.values()),
+        missing=len(produced.clean_ids - set(keys)),
+        unexpected=len(set(keys) - produced.clean_ids),
+        count_duplicate_keys=0,
+        per_campaign=per_campaign,
+        window_diffs=diffs,
+        windows=len(expected),
+    )
+
+
+# ----------------------------------------------------------------------------- scenario
+
+
+@dataclass
+class Outcome:
+    """What a scenario run observed."""
+
+    verification: Verification
+    max_clean_drivers: int
+    max_count_drivers: int
+    disruptions: list[str]
+
+
+def run_scenario(
+    cluster: LocalCluster,
+    broker: KafkaBroker,
+    images: Images,
+    *,
+    rate: int = 1000,
+    duration: float = 75.0,
+    container_kill: bool = False,
+    drain_timeout: float = 300.0,
+) -> Outcome:
+    """Apply the pipelines, produce, disrupt, drain and verify (cluster and operator ready)."""
+    for name in (CLEAN, COUNT):  # a previous run's pipelines and checkpoints
+        cluster.kubectl("delete", "eop", name, "-n", NAMESPACE, "--ignore-not-found",
+                        "--wait=true", "--timeout=120s")  # fmt: skip
+        cluster.kubectl("delete", "pvc", f"{name}-checkpoint", "-n", NAMESPACE,
+                        "--ignore-not-found", "--wait=false")  # fmt: skip
+    cluster.apply(pipeline_manifest(CLEAN, broker, images))
+    wait_driver(cluster, CLEAN, 300)
+    step(f"{CLEAN} driver running")
+    sampler = PodSampler(cluster, CLEAN)
+    sampler.start()
+    producer = ProducerThread(broker, rate, duration)
+    producer.start()
+    step(f"producer started: ~{rate}/s for {duration:.0f}s into {RAW_TOPIC}")
+    disruptions = []
+    time.sleep(min(15.0, duration / 5))
+    took = kill_driver_pod(cluster, CLEAN)
+    disruptions.append(f"force-deleted {CLEAN}-driver-0: replacement running in {took:.1f}s")
+    step(disruptions[-1])
+    if container_kill:
+        took = kill_driver_container(cluster, CLEAN)
+        disruptions.append(f"SIGKILLed the {CLEAN} driver container: restarted in {took:.1f}s")
+        step(disruptions[-1])
+    took = upgrade_clean_query(cluster)
+    disruptions.append(f"upgraded the {CLEAN} query (extra WHERE): new driver in {took:.1f}s")
+    step(disruptions[-1])
+    producer.join(duration + 120)
+    if producer.error is not None:
+        raise DemoError(f"the producer failed: {producer.error!r}")
+    step(f"producer done: {producer.produced.total} events ({producer.produced.invalid} invalid)")
+    wait_caught_up(broker, CLEAN, RAW_TOPIC, drain_timeout)
+    sampler.stop()
+    step(f"{CLEAN}: progress group eop.{NAMESPACE}.{CLEAN} at the end of {RAW_TOPIC}")
+    suspend(cluster, CLEAN)
+    step(f"{CLEAN} suspended (two drivers do not fit on this node; see demo/README.md)")
+    count_sampler = PodSampler(cluster, COUNT)
+    count_sampler.start()
+    cluster.apply(pipeline_manifest(COUNT, broker, images))
+    wait_driver(cluster, COUNT, 300)
+    step(f"{COUNT} driver running")
+    wait_caught_up(broker, COUNT, CLEAN_TOPIC, drain_timeout)
+    count_sampler.stop()
+    step(f"{COUNT}: progress group eop.{NAMESPACE}.{COUNT} at the end of {CLEAN_TOPIC}")
+    verification = verify(broker, producer.produced)
+    return Outcome(verification, sampler.max_seen, count_sampler.max_seen, disruptions)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the whole demo; 0 when every difference is zero."""
+    parser = argparse.ArgumentParser(prog="python -m demo.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--keep", action="store_true", help="leave the cluster and broker up")
+    parser.add_argument("--rate", type=int, default=1000, help="events per second")
+    parser.add_argument("--duration", type=float, default=75.0, help="seconds of producing")
+    parser.add_argument("--work-dir", type=Path, default=None, help="broker dir (default: temp)")
+    args = parser.parse_args(argv)
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="eop-demo-"))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    cluster: LocalCluster | None = None
+    broker: KafkaBroker | None = None
+    code = 1
+    try:
+        step("bringing up the local cluster and the images (cached after the first run)")
+        cluster, images = bring_up_cluster()
+        step(f"cluster ready; images {images.operator} {images.spark}")
+        broker = start_broker(work_dir / "kafka")
+        step(f"Kafka broker on {broker.bootstrap_servers}; topics {RAW_TOPIC}, {CLEAN_TOPIC}, "
+             f"{COUNT_TOPIC}")  # fmt: skip
+        install_operator(cluster, images, work_dir)
+        step(f"operator installed (helm release {RELEASE} in {OPERATOR_NAMESPACE}) and Ready")
+        outcome = run_scenario(cluster, broker, images, rate=args.rate, duration=args.duration)
+        v = outcome.verification
+        print("\n" + v.table() + "\n", flush=True)
+        print(f"  most {CLEAN} driver pods at once: {outcome.max_clean_drivers}; "
+              f"{COUNT}: {outcome.max_count_drivers}\n")  # fmt: skip
+        print(cluster.kubectl("get", "eop", "-A").stdout, flush=True)
+        if v.ok and outcome.max_clean_drivers <= 1 and outcome.max_count_drivers <= 1:
+            step("PASS: exactly once - no duplicates, nothing missing, every count exact")
+            code = 0
+        else:
+            step("FAIL: the outputs differ from the recount (see the table above)")
+    except Exception as exc:  # DemoError and anything unexpected: one clear line
+        step(f"FAIL: {exc}")
+        if cluster is not None:
+            print(cluster.kubectl("get", "eop,pods", "-A").stdout, file=sys.stderr)
+    finally:
+        if args.keep and cluster is not None:
+            step(f"--keep: cluster up, KUBECONFIG={cluster.kubeconfig}")
+            if broker is not None:
+                step(
+                    f"--keep: Kafka on {broker.bootstrap_servers} (dir {broker.work_dir}); "
+                    "Ctrl-C stops it; `python -m devenv.cluster down` stops the cluster"
+                )
+                with contextlib.suppress(KeyboardInterrupt):
+                    while broker.running:
+                        time.sleep(1)
+                broker.stop()
+        else:
+            if broker is not None:
+                broker.stop()
+                step("Kafka broker stopped")
+            if cluster is not None:
+                cluster.down()
+                step("cluster down")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
