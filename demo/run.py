@@ -78,6 +78,11 @@ def step(message: str) -> None:
     print(f"[{time.monotonic() - _T0:6.1f}s] {message}", flush=True)
 
 
+#: Waiting for a new driver pod: when the scheduler saw the pod before its claim was bound,
+#: it may only retry at its periodic flush of unschedulable pods (up to ~5.5 min).
+SCHEDULING_TIMEOUT = 420.0
+
+
 def eventually(check: Callable[[], Any], timeout: float, what: str, interval: float = 1.0) -> Any:
     """Poll ``check`` until truthy; raise :class:`DemoError` naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -599,7 +604,7 @@ def run_scenario(
         cluster.kubectl("delete", "pvc", f"{name}-checkpoint", "-n", NAMESPACE,
                         "--ignore-not-found", "--wait=false")  # fmt: skip
     cluster.apply(pipeline_manifest(CLEAN, broker, images))
-    wait_driver(cluster, CLEAN, 300)
+    wait_driver(cluster, CLEAN, SCHEDULING_TIMEOUT)
     step(f"{CLEAN} driver running")
     sampler = PodSampler(cluster, CLEAN)
     sampler.start()
@@ -630,7 +635,7 @@ def run_scenario(
     count_sampler = PodSampler(cluster, COUNT)
     count_sampler.start()
     cluster.apply(pipeline_manifest(COUNT, broker, images))
-    wait_driver(cluster, COUNT, 300)
+    wait_driver(cluster, COUNT, SCHEDULING_TIMEOUT)
     step(f"{COUNT} driver running")
     wait_caught_up(broker, COUNT, CLEAN_TOPIC, drain_timeout)
     count_sampler.stop()

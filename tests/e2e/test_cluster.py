@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from demo.run import SCHEDULING_TIMEOUT
 from devenv.cluster import NODE_NAME, REPO
 from devenv.kafka import KafkaBroker
 from tests.e2e.conftest import E2ECluster
@@ -407,7 +408,7 @@ def test_operator_from_chart_runs_a_pipeline_exactly_once(
         )
         pod = _eventually(
             lambda: (p := _driver_pod(e2e, ns, pipeline)) and _container_started(p) and p,
-            240,
+            SCHEDULING_TIMEOUT,
             lambda: "the driver container to start" + diagnostics(),
         )
         print(f"pipeline created -> driver container started in {time.monotonic() - began:.1f}s")
