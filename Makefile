@@ -25,7 +25,7 @@ crds: setup
 ## lint: ruff, mypy and the duplicates check
 lint: setup
 	.venv/bin/ruff check .
-	.venv/bin/ruff format --check operator spark_apps devenv tests bench
+	.venv/bin/ruff format --check operator spark_apps devenv tests bench demo
 	.venv/bin/mypy
 
 ## demo: the main job: local cluster, Kafka, the chart, two pipelines, disruptions, verification
