@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from demo.run import SCHEDULING_TIMEOUT
+from demo.run import SCHEDULING_TIMEOUT, Images, operator_values
 from devenv.cluster import NODE_NAME, REPO
 from devenv.kafka import KafkaBroker
 from tests.e2e.conftest import E2ECluster
@@ -59,12 +59,6 @@ def _get(e2e: E2ECluster, *args: str) -> dict[str, Any]:
 def _create(e2e: E2ECluster, *objects: dict[str, Any]) -> None:
     manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)})
     e2e.cluster.kubectl("create", "-f", "-", input=manifest, check=True)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pod(name: str, namespace: str, image: str, args: list[str], **spec: Any) -> dict[str, Any]:
@@ -334,27 +328,8 @@ def test_operator_from_chart_runs_a_pipeline_exactly_once(
     ops_ns = f"{ns}-ops"
     release = f"eop-{ns.removeprefix('e2e-')}"
     cluster.kubectl("create", "namespace", ops_ns, check=True)
-    health_port = _free_port()
-    values = {
-        "image": {
-            "repository": e2e.operator_image.rsplit(":", 1)[0],
-            "tag": e2e.tag,
-            "pullPolicy": "Never",
-        },
-        "defaultPipelineImage": e2e.spark_image,
-        "watchNamespaces": [ns],
-        "hostNetwork": True,
-        "health": {"port": health_port},
-        "metrics": {"port": _free_port()},
-        # The last --liveness wins: bind the health endpoint on loopback, not 0.0.0.0.
-        "extraArgs": [f"--liveness=http://127.0.0.1:{health_port}/healthz"],
-        # In-cluster config would use the `kubernetes` Service's ClusterIP, which nothing
-        # serves here (no kube-proxy, no pod network): point the client at the apiserver.
-        "extraEnv": [
-            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-            {"name": "KUBERNETES_SERVICE_PORT", "value": str(cluster.apiserver_port)},
-        ],
-    }
+    images = Images(operator=e2e.operator_image, spark=e2e.spark_image)
+    values = operator_values(cluster, images, [ns])
     values_file = tmp_path / "values.json"
     values_file.write_text(json.dumps(values))
     try:
