@@ -139,43 +139,45 @@ def main() -> None:
                 stdout=sink, stderr=subprocess.STDOUT,
                 env={**os.environ, "KUBECONFIG": str(cp.kubeconfig)},
             )  # fmt: skip
-        time.sleep(5)  # let kopf list and start watching
+        try:
+            time.sleep(5)  # let kopf list and start watching
 
-        results: dict[str, tuple[list[float], list[float]]] = {}
-        # One at a time: each apply waits for the previous pipeline to be done.
-        started: dict[str, float] = {}
-        for i in range(n):
-            name = f"p{i:03d}"
-            started[name] = time.monotonic()
-            cp.kubectl(
-                "apply",
-                "-n",
-                "one-by-one",
-                "-f",
-                "-",
-                input=yaml.safe_dump(_pipeline(name)),
-                check=True,
+            results: dict[str, tuple[list[float], list[float]]] = {}
+            # One at a time: each apply waits for the previous pipeline to be done.
+            started: dict[str, float] = {}
+            for i in range(n):
+                name = f"p{i:03d}"
+                started[name] = time.monotonic()
+                cp.kubectl(
+                    "apply",
+                    "-n",
+                    "one-by-one",
+                    "-f",
+                    "-",
+                    input=yaml.safe_dump(_pipeline(name)),
+                    check=True,
+                )
+                _wait_all([name], sts, status, log=log)
+            results["one at a time"] = (
+                [sts.seen[k] - t for k, t in started.items()],
+                [status.seen[k] - t for k, t in started.items()],
             )
-            _wait_all([name], sts, status, log=log)
-        results["one at a time"] = (
-            [sts.seen[k] - t for k, t in started.items()],
-            [status.seen[k] - t for k, t in started.items()],
-        )
-        for watcher in (sts, status):
-            watcher.seen.clear()
-        # A burst: all pipelines in one `kubectl apply`.
-        names = [f"b{i:03d}" for i in range(n)]
-        manifest = yaml.safe_dump_all([_pipeline(name) for name in names])
-        t0 = time.monotonic()
-        cp.kubectl("apply", "-n", "burst", "-f", "-", input=manifest, check=True)
-        _wait_all(names, sts, status, log=log)
-        results[f"burst of {n}"] = (
-            [sts.seen[k] - t0 for k in names],
-            [status.seen[k] - t0 for k in names],
-        )
-        peak = _peak_rss_mib(operator.pid)
-        operator.terminate()
-        operator.wait(timeout=30)
+            for watcher in (sts, status):
+                watcher.seen.clear()
+            # A burst: all pipelines in one `kubectl apply`.
+            names = [f"b{i:03d}" for i in range(n)]
+            manifest = yaml.safe_dump_all([_pipeline(name) for name in names])
+            t0 = time.monotonic()
+            cp.kubectl("apply", "-n", "burst", "-f", "-", input=manifest, check=True)
+            _wait_all(names, sts, status, log=log)
+            results[f"burst of {n}"] = (
+                [sts.seen[k] - t0 for k in names],
+                [status.seen[k] - t0 for k in names],
+            )
+            peak = _peak_rss_mib(operator.pid)
+        finally:  # never leave the operator running, whatever failed
+            operator.terminate()
+            operator.wait(timeout=30)
 
     print(f"eop operator: {n} pipelines on a real kube-apiserver ({os.cpu_count()} cores)")
     for label, (to_sts, to_status) in results.items():
