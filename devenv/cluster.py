@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import hashlib
 import io
 import json
@@ -55,6 +54,7 @@ from typing import IO, Any
 
 from devenv.hostpath_provisioner import STORAGE_CLASS, storage_class_manifest
 from devenv.kube import ControlPlane, ControlPlaneError, KubeBinaries, build_binaries
+from devenv.processes import spawn_logged
 from devenv.versions import cache_root
 
 __all__ = [
@@ -190,12 +190,6 @@ def _kill_and_wait(pids: Sequence[int], timeout: float = 10.0) -> None:
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline and any(_pid_alive(p) for p in alive):
             time.sleep(0.1)
-
-
-def _die_with_parent() -> None:
-    """``preexec_fn``: SIGTERM the child when the supervisor exits (Linux)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 # ----------------------------------------------------------------------------- cgroups
@@ -777,19 +771,7 @@ class _Supervisor:
     def _spawn(
         self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
     ) -> _Child:
-        log = self.c.log_path(name)
-        log_file = log.open("ab")
-        log_file.write(f"\n==== {time.strftime('%F %T')} {' '.join(argv)}\n".encode())
-        log_file.flush()
-        popen = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            cwd=self.c.dir,
-            env=dict(env) if env is not None else None,
-            preexec_fn=_die_with_parent,
-        )
+        popen, log_file = spawn_logged(argv, self.c.log_path(name), cwd=self.c.dir, env=env)
         child = _Child(name, popen, log_file)
         self.children.append(child)
         (self.c.run_dir / f"{name}.pid").write_text(f"{popen.pid}\n")

@@ -21,7 +21,6 @@ import argparse
 import base64
 import concurrent.futures
 import contextlib
-import ctypes
 import shutil
 import signal
 import socket
@@ -35,6 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from devenv.processes import die_with_parent
 from devenv.versions import versions
 
 FETCH_SCRIPT = Path(__file__).with_name("fetch-jars.sh")
@@ -109,13 +109,6 @@ def spark_kafka_jars() -> list[Path]:
     if not jars:
         raise KafkaBrokerError("the Spark Kafka connector jar directory is empty")
     return jars
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM when the parent dies (no orphaned brokers)."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _free_port() -> int:
@@ -367,7 +360,7 @@ class KafkaBroker:
                 start_new_session=True,
                 # PR_SET_PDEATHSIG fires when the spawning *thread* ends: main thread only.
                 preexec_fn=(
-                    _die_with_parent
+                    die_with_parent
                     if threading.current_thread() is threading.main_thread()
                     else None
                 ),

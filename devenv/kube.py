@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import base64
-import contextlib
-import ctypes
 import ipaddress
 import json
 import os
@@ -38,6 +36,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Self
 
+from devenv.processes import spawn_logged
 from devenv.versions import cache_root, versions
 
 __all__ = [
@@ -130,14 +129,6 @@ def _tail_file(path: Path, lines: int = 40) -> str:
         return _tail_text(path.read_text(errors="replace"), lines)
     except OSError as exc:
         return f"(no log: {exc})"
-
-
-def _die_with_parent() -> None:
-    """``preexec_fn``: SIGTERM the child when the thread that started it exits (Linux)."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -555,18 +546,7 @@ class ControlPlane:
 
     def _spawn(self, name: str, argv: Sequence[str]) -> _Proc:
         log = self.log_path(name)
-        log_file = log.open("ab")
-        log_file.write(f"\n==== {time.strftime('%F %T')} {' '.join(argv)}\n".encode())
-        log_file.flush()
-        popen = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            cwd=self.work_dir,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
+        popen, log_file = spawn_logged(argv, log, cwd=self.work_dir, new_session=True)
         proc = _Proc(name, popen, log, log_file)
         self._procs.append(proc)
         return proc

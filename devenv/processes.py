@@ -1,0 +1,53 @@
+"""Background processes of the dev environment: logged to a file, tied to their parent."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """``preexec_fn``: SIGTERM the child when the thread that started it ends (Linux).
+
+    It fires when the spawning *thread* exits, so only use it for processes
+    started from a thread that lives as long as they should.
+    """
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def spawn_logged(
+    argv: Sequence[str],
+    log: Path,
+    *,
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+    new_session: bool = False,
+) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
+    """Start ``argv`` with stdout and stderr appended to ``log`` under a header line.
+
+    Returns the process and the open log file (the caller closes it once the
+    process has ended).
+    """
+    log_file = log.open("ab")
+    log_file.write(f"\n==== {time.strftime('%F %T')} {' '.join(argv)}\n".encode())
+    log_file.flush()
+    popen = subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        cwd=cwd,
+        env=dict(env) if env is not None else None,
+        start_new_session=new_session,
+        preexec_fn=die_with_parent,
+    )
+    return popen, log_file
