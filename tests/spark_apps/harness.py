@@ -26,6 +26,7 @@ from typing import Any
 from confluent_kafka import (
     Consumer,
     KafkaError,
+    KafkaException,
     Producer,
     TopicPartition,
 )
@@ -276,15 +277,43 @@ def client_config(broker: KafkaBroker, **settings: Any) -> dict[str, Any]:
     }
 
 
-def end_offsets(broker: KafkaBroker, topic: str) -> Offsets:
-    """High watermarks of every partition of ``topic``."""
+# Errors librdkafka reports while a partition's leader moves (not always flagged retriable).
+_TRANSIENT = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+    }
+)
+
+
+def end_offsets(broker: KafkaBroker, topic: str, timeout: float = 30) -> Offsets:
+    """High watermarks of every partition of ``topic``.
+
+    Retriable broker errors (a leader moving while the single broker restarts or a fresh topic's
+    leader is still being elected) are retried until ``timeout``; anything else is raised.
+    """
     consumer = Consumer(client_config(broker, group_id="eop-test-offsets"))
+    deadline = time.monotonic() + timeout
     try:
-        meta = consumer.list_topics(topic, timeout=10)
-        return {
-            (topic, p): consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in meta.topics[topic].partitions
-        }
+        while True:
+            try:
+                meta = consumer.list_topics(topic, timeout=10)
+                return {
+                    (topic, p): consumer.get_watermark_offsets(
+                        TopicPartition(topic, p), timeout=10
+                    )[1]
+                    for p in meta.topics[topic].partitions
+                }
+            except KafkaException as exc:
+                error = exc.args[0]
+                transient = error.retriable() or error.code() in _TRANSIENT
+                if not transient or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     finally:
         consumer.close()
 
