@@ -18,7 +18,8 @@ What runs (see docs/local-cluster.md for every flag and why):
   and socket under DIR, the CRI plugin on, cgroupfs, and a locally built pause image as the
   sandbox image (no registry is reachable);
 * a kubelet registering node ``127.0.0.1`` (see :data:`NODE_NAME`), cgroup v1, host network;
-* :mod:`devenv.hostpath_provisioner` serving the default StorageClass ``eop-hostpath``.
+* :mod:`devenv.hostpath_provisioner` serving the default StorageClass ``eop-hostpath``
+  (``WaitForFirstConsumer``: see :func:`devenv.hostpath_provisioner.storage_class_manifest`).
 
 ``up`` starts a supervisor process (``_supervise``) in a private mount namespace
 (``unshare --mount``): every mount the kubelet and containerd make (overlay snapshots,
@@ -875,7 +876,7 @@ class _Supervisor:
         self._step("starting the kubelet")
         self._start_kubelet()
         self._step("storage class and hostPath provisioner")
-        c.apply(storage_class_manifest())
+        self._ensure_storage_class()
         self._spawn(
             "hostpath-provisioner",
             [
@@ -889,6 +890,18 @@ class _Supervisor:
             ],
             env={**os.environ, "PYTHONPATH": str(REPO)},
         )
+
+    def _ensure_storage_class(self) -> None:
+        """Apply the StorageClass; replace one with another binding mode (an immutable field,
+        so a cluster dir made before the switch to WaitForFirstConsumer keeps working)."""
+        wanted = storage_class_manifest()
+        current = self.c.kubectl("get", "storageclass", STORAGE_CLASS, "-o", "json")
+        if current.returncode == 0:
+            mode = json.loads(current.stdout).get("volumeBindingMode")
+            if mode != wanted["volumeBindingMode"]:
+                print(f"replacing StorageClass {STORAGE_CLASS} (binding mode {mode})", flush=True)
+                self.c.kubectl("delete", "storageclass", STORAGE_CLASS, check=True)
+        self.c.apply(wanted)
 
     def _isolate(self) -> None:
         """Private-namespace-only changes: mask kubelet sysctls, give it our /var/log."""

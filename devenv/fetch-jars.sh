@@ -5,15 +5,16 @@
 #                a KRaft broker (kafka_2.13), the CLI tools (kafka-tools: ProducerPerformance,
 #                ConsumerGroupCommand, ...) and a log4j2 backend, runnable as `java -cp 'libs/*' ...`
 #   spark        $EOP_CACHE/spark-kafka/$SPARK_VERSION/jars/*.jar
-#                org.apache.spark:spark-sql-kafka-0-10_2.13 and its runtime dependencies, minus
-#                the ones pyspark already ships in its jars/ directory (which connector release
-#                it is: see fetch_spark below, and CONNECTOR_VERSION beside jars/)
+#                org.apache.spark:spark-sql-kafka-0-10_2.13 at exactly $SPARK_VERSION (the
+#                pyspark version) and its runtime dependencies, among them the
+#                spark-token-provider-kafka-0-10 of the same release, minus the ones pyspark
+#                already ships in its jars/ directory
 #
 # Usage: devenv/fetch-jars.sh [kafka|spark]...   (no argument: both). Prints the directories.
 #
-# Versions come from devenv/versions.env: KAFKA_VERSION, SCALA_BINARY_VERSION, SPARK_VERSION and,
-# optionally, SPARK_KAFKA_VERSION + SPARK_KAFKA_TOKEN_PROVIDER_VERSION to pin the connector release
-# apart from Spark's (also taken from the environment when versions.env has none).
+# Versions come from devenv/versions.env: KAFKA_VERSION, SCALA_BINARY_VERSION, SPARK_VERSION. The
+# connector is always Spark's own release: a Spark release whose connector is not on Maven Central
+# is an error here, not a silent mix of releases.
 #
 # The cache root is ${EOP_CACHE:-~/.cache/eop}; Maven's local repository stays at its default
 # (~/.m2), so a re-fetch after `rm -rf` of the cache downloads nothing. Idempotent: a complete
@@ -34,11 +35,6 @@ cache="${EOP_CACHE:-$HOME/.cache/eop}"
 # the Maven plugin that copies the jars.
 LOG4J_VERSION=2.25.4
 DEPENDENCY_PLUGIN_VERSION=3.8.1
-# Used only while versions.env pins no SPARK_KAFKA_VERSION and Maven Central has no connector
-# release for $SPARK_VERSION itself (it has neither spark-sql-kafka nor spark-token-provider-kafka
-# 4.3.0; its newest token provider is 4.1.0-preview1). CONNECTOR:TOKEN_PROVIDER; smoke-tested with
-# pyspark 4.3.0 (batch read and write, availableNow stream).
-SPARK_KAFKA_FALLBACK=4.2.0:4.1.0-preview1
 
 log() { printf 'fetch-jars: %s\n' "$*" >&2; }
 
@@ -164,18 +160,13 @@ SPARK_PROVIDED="scala-library scala-reflect scala-parallel-collections_${SCALA_B
 spark-tags_${SCALA_BINARY_VERSION} slf4j-api jsr305 zstd-jni lz4-java snappy-java
 hadoop-client-api hadoop-client-runtime commons-logging"
 
-# The connector for $SPARK_VERSION: spark-sql-kafka at SPARK_KAFKA_VERSION, with its
-# spark-token-provider-kafka at SPARK_KAFKA_TOKEN_PROVIDER_VERSION (both may be pinned in
-# versions.env). Unpinned, the connector of $SPARK_VERSION itself is tried, then the fallback.
+# The connector of $SPARK_VERSION: spark-sql-kafka-0-10 at that version, with the token provider
+# of the same release that its pom names.
 fetch_spark() {
-  local dest="$cache/spark-kafka/$SPARK_VERSION" stamp start jars_dir provided jar name
-  local versions_tried=() kafka_v token_v
-  if [[ -n "${SPARK_KAFKA_VERSION:-}" ]]; then
-    versions_tried=("$SPARK_KAFKA_VERSION:${SPARK_KAFKA_TOKEN_PROVIDER_VERSION:-$SPARK_KAFKA_VERSION}")
-  else
-    versions_tried=("$SPARK_VERSION:$SPARK_VERSION" "$SPARK_KAFKA_FALLBACK")
-  fi
-  stamp="$(printf '%s\n' "${versions_tried[@]}" "$SCALA_BINARY_VERSION" "$DEPENDENCY_PLUGIN_VERSION" | digest)"
+  local dest="$cache/spark-kafka/$SPARK_VERSION" pom stamp start jars_dir provided jar name
+  pom="$(pom_xml spark-kafka-jars \
+    "$(dep org.apache.spark "spark-sql-kafka-0-10_${SCALA_BINARY_VERSION}" "$SPARK_VERSION")")"
+  stamp="$(digest <<<"$pom")"
   if [[ "$(cat "$dest/.complete" 2>/dev/null)" == "$stamp" ]]; then
     echo "$dest/jars"
     return
@@ -183,26 +174,15 @@ fetch_spark() {
   lock "$dest"
   if [[ "$(cat "$dest/.complete" 2>/dev/null)" != "$stamp" ]]; then
     start=$SECONDS
-    rm -f "$dest/.complete"
-    local ok=""
-    for pair in "${versions_tried[@]}"; do
-      kafka_v="${pair%%:*}"
-      token_v="${pair#*:}"
-      log "fetching spark-sql-kafka $kafka_v (token provider $token_v) for Spark $SPARK_VERSION into $dest"
-      spark_pom "$kafka_v" "$token_v" >"$dest/pom.xml"
-      if copy_deps "$dest/pom.xml" "$dest/all" "$dest/mvn.log"; then
-        ok=1
-        break
-      fi
-      log "not on Maven Central (or unreachable): spark-sql-kafka $kafka_v / token provider $token_v; see $dest/mvn.log"
-    done
-    if [[ -z "$ok" ]]; then
+    rm -f "$dest/.complete" "$dest/CONNECTOR_VERSION"
+    log "fetching spark-sql-kafka-0-10_${SCALA_BINARY_VERSION} $SPARK_VERSION into $dest"
+    printf '%s\n' "$pom" >"$dest/pom.xml"
+    if ! copy_deps "$dest/pom.xml" "$dest/all" "$dest/mvn.log"; then
       tail -n 30 "$dest/mvn.log" >&2
-      log "no Spark Kafka connector could be fetched; pin SPARK_KAFKA_VERSION in versions.env"
+      log "cannot fetch org.apache.spark:spark-sql-kafka-0-10_${SCALA_BINARY_VERSION}:$SPARK_VERSION" \
+        "and its dependencies from Maven Central (see $dest/mvn.log): SPARK_VERSION in" \
+        "devenv/versions.env must be a Spark release whose Kafka connector is published there"
       exit 1
-    fi
-    if [[ "$kafka_v" != "$SPARK_VERSION" || "$token_v" != "$SPARK_VERSION" ]]; then
-      log "WARNING: Spark is $SPARK_VERSION but its connector is spark-sql-kafka $kafka_v + token provider $token_v"
     fi
     jars_dir="$(pyspark_jars_dir)"
     if [[ -n "$jars_dir" ]]; then
@@ -220,25 +200,10 @@ fetch_spark() {
     done
     rm -rf "$dest/all" "$dest/jars"
     mv "$dest/jars.partial" "$dest/jars"
-    printf 'spark-sql-kafka=%s token-provider=%s\n' "$kafka_v" "$token_v" >"$dest/CONNECTOR_VERSION"
     echo "$stamp" >"$dest/.complete"
     log "spark-kafka: $(cd "$dest/jars" && echo *.jar) in $((SECONDS - start))s"
   fi
   echo "$dest/jars"
-}
-
-# spark_pom CONNECTOR_VERSION TOKEN_PROVIDER_VERSION
-spark_pom() {
-  local connector="spark-sql-kafka-0-10_${SCALA_BINARY_VERSION}"
-  local token="spark-token-provider-kafka-0-10_${SCALA_BINARY_VERSION}"
-  if [[ "$1" == "$2" ]]; then
-    pom_xml spark-kafka-jars "$(dep org.apache.spark "$connector" "$1")"
-  else
-    pom_xml spark-kafka-jars \
-      "$(dep org.apache.spark "$connector" "$1" \
-        "<exclusions><exclusion><groupId>org.apache.spark</groupId><artifactId>$token</artifactId></exclusion></exclusions>")" \
-      "$(dep org.apache.spark "$token" "$2")"
-  fi
 }
 
 main() {

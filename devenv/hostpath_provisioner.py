@@ -1,12 +1,14 @@
 """A tiny dynamic provisioner for the local cluster: hostPath volumes in a directory of ours.
 
 It serves one StorageClass (``eop-hostpath``, provisioner ``eop.dev/hostpath``, the cluster's
-default class; :mod:`devenv.cluster` creates it). For every pending claim of that class it
-makes a directory ``<root>/<namespace>.<claim>.<uid8>`` (mode 0777: pods run as any uid, and
-hostPath volumes get no fsGroup ownership change) and a PersistentVolume pre-bound to the claim
-(``claimRef`` with the claim's uid) with node affinity to the one node; the PV controller
-then binds the claim. A released volume of ours whose reclaim policy is ``Delete`` loses its
-directory and its PV object.
+default class, binding mode ``WaitForFirstConsumer``; :mod:`devenv.cluster` creates it). For
+every pending claim of that class that the scheduler has given our node (the annotation
+``volume.kubernetes.io/selected-node``) it makes a directory
+``<root>/<namespace>.<claim>.<uid8>`` (mode 0777: pods run as any uid, and hostPath volumes get
+no fsGroup ownership change) and a PersistentVolume pre-bound to the claim (``claimRef`` with
+the claim's uid) with node affinity to the one node; the PV controller then binds the claim,
+and the scheduler, waiting for that in its binding cycle, binds the pod. A released volume of
+ours whose reclaim policy is ``Delete`` loses its directory and its PV object.
 
 It reacts to watch events on claims and volumes and re-lists every ``--resync`` seconds, so a
 missed event only delays a claim. Run by ``python -m devenv.cluster up``; by hand::
@@ -35,6 +37,9 @@ STORAGE_CLASS = "eop-hostpath"
 PROVISIONER = "eop.dev/hostpath"
 
 _PROVISIONED_BY = "pv.kubernetes.io/provisioned-by"
+#: Set on a claim by the scheduler when it has chosen the node of the claim's first pod.
+SELECTED_NODE = "volume.kubernetes.io/selected-node"
+WAIT_FOR_FIRST_CONSUMER = "WaitForFirstConsumer"
 _PATH_ANNOTATION = "eop.dev/hostpath"
 
 log = logging.getLogger("hostpath-provisioner")
@@ -51,8 +56,14 @@ def storage_class_manifest(name: str = STORAGE_CLASS) -> dict[str, Any]:
         },
         "provisioner": PROVISIONER,
         "reclaimPolicy": "Delete",
-        # One node: a claim can bind as soon as it exists (no need to wait for its pod).
-        "volumeBindingMode": "Immediate",
+        # Not Immediate: then a pod created right after its claim (a StatefulSet's driver)
+        # meets the scheduler before the claim is bound; the scheduler rejects and parks it,
+        # and the claim's binding sometimes failed to wake it, leaving it for the periodic
+        # flush of unschedulable pods (5 min; docs/local-cluster.md). With WaitForFirstConsumer
+        # an unbound claim is the scheduler's own work: it picks the node, annotates the claim
+        # (SELECTED_NODE) and waits in its binding cycle (polling every second) until we have
+        # bound it.
+        "volumeBindingMode": WAIT_FOR_FIRST_CONSUMER,
     }
 
 
@@ -86,6 +97,7 @@ class HostPathProvisioner:
     def _reconcile(self) -> None:
         cls = self.storage.read_storage_class(self.storage_class)
         reclaim = cls.reclaim_policy or "Delete"
+        wait_for_node = cls.volume_binding_mode == WAIT_FOR_FIRST_CONSUMER
         volumes = self.core.list_persistent_volume().items
         claimed = {
             pv.spec.claim_ref.uid
@@ -99,6 +111,7 @@ class HostPathProvisioner:
                 and (pvc.status.phase or "Pending") == "Pending"
                 and pvc.metadata.deletion_timestamp is None
                 and pvc.metadata.uid not in claimed
+                and (not wait_for_node or self._selected_here(pvc))
             ):
                 self._provision(pvc, reclaim)
         for pv in volumes:
@@ -109,6 +122,14 @@ class HostPathProvisioner:
                 and pv.spec.persistent_volume_reclaim_policy == "Delete"
             ):
                 self._delete(pv)
+
+    def _selected_here(self, pvc: Any) -> bool:
+        """Whether the scheduler has put the claim's first pod on our node."""
+        node = (pvc.metadata.annotations or {}).get(SELECTED_NODE)
+        if node is not None and node != self.node:
+            log.warning("%s/%s: selected node %s is not ours", pvc.metadata.namespace,
+                        pvc.metadata.name, node)  # fmt: skip
+        return bool(node == self.node)
 
     def _provision(self, pvc: Any, reclaim: str) -> None:
         from kubernetes.client.exceptions import ApiException

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from eop_operator.api.load import InvalidPipeline, load_pipeline_file
+from eop_operator.render.ports import HostPortRange
 
 #: Exit code for a manifest or configuration the user must fix.
 EXIT_INVALID = 2
@@ -47,10 +48,9 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one pipeline's driver (the data plane) until SIGTERM."""
-    from eop_spark.runner import run
-
     from eop_operator.api.resolve import IdentityChanged, build_run_config
     from eop_spark.config import RunConfig
+    from eop_spark.runner import run
 
     if args.config is not None:
         try:
@@ -78,19 +78,110 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_operator(args: argparse.Namespace) -> int:
     """Run the kopf operator against the current kubeconfig or in-cluster config."""
+    import asyncio
+
     import kopf
 
     from eop_operator import handlers
 
     handlers.OPTIONS.default_image = args.default_image
+    handlers.OPTIONS.host_ports = args.host_ports
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
-    kopf.run(
-        clusterwide=args.all_namespaces,
-        namespaces=args.namespace or (),
-        standalone=True,
-        liveness_endpoint=args.liveness,
+    try:
+        return asyncio.run(_operate(args))
+    except ValueError as exc:
+        return _fail(str(exc))
+
+
+#: Exit code of a replica that lost the leader lease (its pod restarts as a standby).
+EXIT_LOST_LEASE = 3
+
+
+def _operator_namespace(explicit: str | None) -> str:
+    """Where the leader Lease lives: the option, $POD_NAMESPACE, or the pod's own namespace."""
+    import os
+
+    if explicit:
+        return explicit
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    try:
+        return Path(_SERVICE_ACCOUNT_NAMESPACE).read_text().strip()
+    except OSError:
+        raise ValueError(
+            "--leader-election needs --leader-election-namespace (or $POD_NAMESPACE)"
+        ) from None
+
+
+_SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+async def _operate(args: argparse.Namespace) -> int:
+    """Serve metrics and liveness, wait for the leader lease if asked, then run kopf."""
+    import asyncio
+    import logging
+    import os
+    import socket
+    import uuid
+
+    import kopf
+
+    from eop_operator import metrics, monitor  # noqa: F401  (monitor registers its handlers)
+    from eop_operator.handlers import _login
+    from eop_operator.kube.client import KubeClient
+    from eop_operator.kube.lease import LeaderElector
+
+    log = logging.getLogger("eop_operator")
+    metrics_port = args.metrics_port or int(os.environ.get("EOP_METRICS_PORT", "0") or 0)
+    endpoints = await metrics.serve(
+        metrics=metrics.Endpoint("0.0.0.0", metrics_port, "/metrics") if metrics_port else None,
+        liveness=metrics.Endpoint.parse(args.liveness) if args.liveness else None,
     )
-    return 0
+    elector: LeaderElector | None = None
+    tasks: set[asyncio.Task[None]] = set()
+    try:
+        if args.leader_election:
+            identity = (
+                f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+            )
+            client = KubeClient(lambda: _login(kopf.OperatorSettings()))
+            elector = LeaderElector(
+                client,
+                namespace=_operator_namespace(args.leader_election_namespace),
+                name=args.leader_election_id,
+                identity=identity,
+                lease_duration=args.lease_duration,
+                renew_deadline=args.lease_duration * 2 / 3,
+                retry_period=args.lease_duration / 7.5,
+            )
+            await elector.acquire()
+            tasks.add(asyncio.create_task(elector.hold(), name="leader lease"))
+        metrics.set_leader(True)
+        operator = asyncio.create_task(
+            kopf.operator(
+                clusterwide=args.all_namespaces,
+                namespaces=args.namespace or (),
+                standalone=True,
+            ),
+            name="kopf",
+        )
+        done, _ = await asyncio.wait({operator, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+        if operator not in done:
+            # Lost the lease: another replica may act soon. Stop now, mid-handler if need be
+            # (handlers are level-based and idempotent; the next leader resumes).
+            log.error("leadership lost: exiting")
+            logging.shutdown()
+            os._exit(EXIT_LOST_LEASE)
+        operator.result()
+        return 0
+    finally:
+        metrics.set_leader(False)
+        for task in tasks:
+            task.cancel()
+        if elector is not None:
+            await elector.release()
+            await elector.client.close()
+        await endpoints.cleanup()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,7 +198,35 @@ def build_parser() -> argparse.ArgumentParser:
         "--namespace", "-n", action="append", help="watch this namespace (repeatable)"
     )
     op.add_argument("--default-image", help="Spark application image for pipelines without one")
+    op.add_argument(
+        "--host-ports",
+        type=HostPortRange.parse,
+        default=HostPortRange(),
+        metavar="FIRST-LAST",
+        help=f"metrics ports of host-network drivers (default {HostPortRange()})",
+    )
     op.add_argument("--liveness", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    op.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on this port at /metrics (default $EOP_METRICS_PORT)",
+    )
+    op.add_argument(
+        "--leader-election",
+        action="store_true",
+        help="run only while holding a Lease, so several replicas never act twice",
+    )
+    op.add_argument(
+        "--leader-election-namespace",
+        help="namespace of the Lease (default $POD_NAMESPACE, else the pod's namespace)",
+    )
+    op.add_argument("--leader-election-id", default="eop-operator", help="name of the Lease")
+    op.add_argument(
+        "--lease-duration",
+        type=float,
+        default=15.0,
+        help="seconds a standby waits for a silent leader before taking over",
+    )
     op.add_argument("--log-format", choices=["plain", "full", "json"], default="full")
     op.add_argument("--verbose", action="store_true")
     op.set_defaults(func=cmd_operator)

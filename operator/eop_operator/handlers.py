@@ -11,26 +11,42 @@ import dataclasses
 import datetime
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 from pydantic import ValidationError
 
-from eop_operator import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from eop_operator import GROUP, KIND, PLURAL, VERSION
 from eop_operator.api.load import InvalidPipeline, load_pipeline, plain
-from eop_operator.api.models import PipelineStatus
+from eop_operator.api.models import ExactlyOncePipeline, PipelineStatus
 from eop_operator.api.resolve import IdentityChanged, resolve_identity
 from eop_operator.kube.client import KubeClient
 from eop_operator.kube.events import post_event
+from eop_operator.lifecycle import Renderer, drive
 from eop_operator.reconcile.status import DriverObservation, judge, ready_column, status_patch
-from eop_operator.render import MissingImage, checkpoint_root, render_pipeline
-from eop_operator.render.naming import MANAGED_BY, checkpoint_claim_name, driver_name
+from eop_operator.render import MissingImage, RenderedPipeline, render_pipeline
+from eop_operator.render.naming import (
+    MANAGED_BY,
+    PIPELINE_LABEL,
+    checkpoint_claim_name,
+)
+from eop_operator.render.ports import (
+    HostPortRange,
+    HostPortsExhausted,
+    assign_metrics_host_port,
+    metrics_host_port_of,
+)
 from eop_operator.render.storage import retains_checkpoint
 
 FINALIZER = f"{GROUP}/finalizer"
 #: Annotation prefix for kopf's own bookkeeping on our objects.
 KOPF_PREFIX = f"kopf.{GROUP}"
+#: How often each pipeline's timeouts and backoffs are looked at.
+TIMER_SECONDS = 5.0
+#: Settled pipelines (events drive them) are looked at by the timer this rarely.
+SETTLED_SECONDS = 60.0
+SETTLED_PHASES = ("Running", "Suspended")
 
 
 @dataclass
@@ -38,6 +54,8 @@ class OperatorOptions:
     """Settings given on the ``eop operator`` command line."""
 
     default_image: str | None = None
+    #: Where host-network drivers get their metrics port (``--host-ports``).
+    host_ports: HostPortRange = field(default_factory=HostPortRange)
 
 
 #: Set by the CLI before kopf starts; read by the startup handler.
@@ -102,7 +120,6 @@ def _report(
     suspend: bool,
     driver: DriverObservation | None,
     error: str | None = None,
-    extra: dict[str, Any] | None = None,
 ) -> None:
     """Write phase and conditions into ``patch`` (kopf applies it after the handler)."""
     try:
@@ -117,116 +134,108 @@ def _report(
             generation=body.metadata.get("generation"),
             ready=ready_column(driver, suspend=suspend),
             now=_now(),
-            extra=extra,
         )
     )
+
+
+@kopf.index("apps", "v1", "statefulsets", labels={"app.kubernetes.io/managed-by": MANAGED_BY})
+def driver_host_ports(namespace: str | None, body: kopf.Body, **_: Any) -> dict[str, list[int]]:
+    """Per pipeline id, the metrics host port its driver StatefulSet holds (host network)."""
+    pipeline = body.metadata.labels.get(PIPELINE_LABEL)
+    template = plain(body.get("spec", {}).get("template", {}))
+    port = metrics_host_port_of(template.get("spec", {}))
+    return {f"{namespace}.{pipeline}": [port]} if pipeline and port is not None else {}
+
+
+def _renderer(held: kopf.Index[str, list[int]]) -> Renderer:
+    """Render with the operator's default image and the pipeline's metrics host port."""
+
+    def render(pipeline: ExactlyOncePipeline, generation: int, reset: bool) -> RenderedPipeline:
+        port = None
+        if pipeline.spec.driver.host_network:
+            ports = {key: [p for value in held[key] for p in value] for key in held}
+            port = assign_metrics_host_port(pipeline.pipeline_id, OPTIONS.host_ports, ports)
+        return render_pipeline(
+            pipeline,
+            default_image=OPTIONS.default_image,
+            generation=generation,
+            metrics_host_port=port,
+            reset_progress=reset,
+        )
+
+    return render
+
+
+async def _drive(
+    memo: kopf.Memo,
+    namespace: str,
+    name: str,
+    kwargs: dict[str, Any],
+    pod: dict[str, Any] | None = None,
+) -> None:
+    render = _renderer(kwargs["driver_host_ports"])
+    await drive(memo.client, namespace, name, render, invalid=(HostPortsExhausted,), pod=pod)
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 @kopf.on.resume(GROUP, VERSION, PLURAL)
-async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    """Render the pipeline's children from its spec and apply them."""
+async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Validate the spec, then let ``lifecycle.drive`` take the lifecycle's next steps."""
     try:
         pipeline = load_pipeline(body)
-        identity = resolve_identity(pipeline)
-        generation = pipeline.status.checkpoint.generation if pipeline.status.checkpoint else 0
-        rendered = render_pipeline(
-            pipeline, default_image=memo.options.default_image, generation=generation
-        )
-    except (InvalidPipeline, IdentityChanged, MissingImage) as exc:
+        resolve_identity(pipeline)
+        _renderer(kwargs["driver_host_ports"])(pipeline, 0, False)
+    except (InvalidPipeline, IdentityChanged, MissingImage, HostPortsExhausted) as exc:
         await post_event(memo.client, body, type="Warning", reason="InvalidSpec", message=str(exc))
         _report(body, patch, suspend=False, driver=None, error=str(exc))
         raise kopf.PermanentError(str(exc)) from None
-
-    client: KubeClient = memo.client
-    # Everything the driver mounts or runs as goes first, concurrently; the StatefulSet last,
-    # so its pod never starts without its ConfigMap and claim.
-    *supporting, statefulset = rendered.objects
-    await asyncio.gather(*(client.apply(obj) for obj in supporting))
-    applied_statefulset = await client.apply(statefulset)
-    _report(
-        body,
-        patch,
-        suspend=pipeline.spec.suspend,
-        driver=DriverObservation.from_statefulset(applied_statefulset),
-        extra={
-            "transactionalIdPrefix": identity.transactional_id_prefix,
-            "progressGroup": identity.progress_group,
-            "specHash": rendered.spec_hash,
-            "checkpoint": {
-                "generation": generation,
-                "path": rendered.run_config.checkpoint_location,
-            },
-            "commitMode": pipeline.spec.sink.kafka.commit_mode.value,
-        },
-    )
-    if pipeline.status.spec_hash != rendered.spec_hash:
-        await post_event(
-            client,
-            body,
-            type="Normal",
-            reason="Applied",
-            message=f"driver {driver_name(pipeline)} at spec hash {rendered.spec_hash}, "
-            f"checkpoint generation {generation} ({checkpoint_root(pipeline)})",
-        )
+    await _drive(memo, pipeline.metadata.namespace, pipeline.metadata.name, kwargs)
 
 
-@kopf.index(GROUP, VERSION, PLURAL)
-def pipeline_states(
-    namespace: str | None, name: str | None, spec: kopf.Spec, status: kopf.Status, **_: Any
-) -> dict[tuple[str | None, str | None], tuple[bool, Any, Any]]:
-    """Suspension, phase and READY of every pipeline, kept in memory by kopf."""
-    return {
-        (namespace, name): (
-            bool(spec.get("suspend", False)),
-            status.get("phase"),
-            status.get("ready"),
-        )
-    }
+@kopf.timer(GROUP, VERSION, PLURAL, interval=TIMER_SECONDS, initial_delay=TIMER_SECONDS)
+async def lifecycle_timer(
+    meta: kopf.Meta, status: kopf.Status, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    """Timeouts and backoffs of upgrades in flight; a periodic look at settled pipelines."""
+    if meta.namespace is None or meta.name is None:
+        return
+    now = asyncio.get_running_loop().time()
+    settled = not status.get("upgrade") and status.get("phase") in SETTLED_PHASES
+    # kopf's memo is per object: remember when this pipeline was last looked at in full.
+    if settled and now - memo.get("lifecycle_looked_at", -SETTLED_SECONDS) < SETTLED_SECONDS:
+        return
+    memo["lifecycle_looked_at"] = now
+    await _drive(memo, meta.namespace, meta.name, kwargs)
 
 
-@kopf.on.event("apps", "v1", "statefulsets", labels={"app.kubernetes.io/managed-by": MANAGED_BY})
-async def driver_changed(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
-    """Mirror the driver StatefulSet's readiness into the pipeline's status."""
-    pipeline_states: kopf.Index[Any, Any] = kwargs["pipeline_states"]
+def _owner(body: kopf.Body) -> str | None:
     owner = next(
         (ref for ref in body.metadata.get("ownerReferences", []) if ref.get("kind") == KIND),
         None,
     )
-    if owner is None:
-        return
-    client: KubeClient = memo.client
-    namespace = body.metadata.namespace
-    assert namespace is not None
-    driver = DriverObservation.from_statefulset(plain(body))
-    for suspend, phase, ready in pipeline_states.get((namespace, owner["name"]), []):
-        # Most StatefulSet events change nothing the status shows: skip the read.
-        verdict = judge(suspend=suspend, driver=driver, error=None)
-        if verdict.phase.value == phase and ready_column(driver, suspend=suspend) == ready:
-            return
-    current = await client.get(API_VERSION, KIND, namespace, owner["name"])
-    if current is None or current["metadata"].get("deletionTimestamp"):
-        return
-    try:
-        pipeline = load_pipeline(current)
-    except InvalidPipeline:
-        return  # reconcile has already reported it
-    suspend = pipeline.spec.suspend
-    verdict = judge(suspend=suspend, driver=driver, error=None)
-    ready = ready_column(driver, suspend=suspend)
-    if pipeline.status.phase == verdict.phase and pipeline.status.ready == ready:
-        return
-    status = status_patch(
-        verdict,
-        previous=pipeline.status,
-        generation=pipeline.metadata.generation,
-        ready=ready,
-        now=_now(),
-    )
-    await client.patch(
-        API_VERSION, KIND, namespace, owner["name"], {"status": status}, subresource="status"
-    )
+    return None if owner is None else str(owner["name"])
+
+
+@kopf.on.event("apps", "v1", "statefulsets", labels={"app.kubernetes.io/managed-by": MANAGED_BY})
+async def driver_changed(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    """A driver StatefulSet changed: mirror its readiness, take the next lifecycle step."""
+    name, namespace = _owner(body), body.metadata.namespace
+    if name is not None and namespace is not None:
+        await _drive(memo, namespace, name, kwargs)
+
+
+@kopf.on.event(
+    "",
+    "v1",
+    "pods",
+    labels={"app.kubernetes.io/managed-by": MANAGED_BY, "app.kubernetes.io/component": "driver"},
+)
+async def driver_pod_changed(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    """A driver pod changed (started, Ready, ended, gone): take the next lifecycle step."""
+    name, namespace = body.metadata.labels.get(PIPELINE_LABEL), body.metadata.namespace
+    if name is not None and namespace is not None:
+        await _drive(memo, namespace, name, kwargs, pod=plain(body))
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

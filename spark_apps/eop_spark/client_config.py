@@ -20,7 +20,7 @@ from pathlib import Path
 
 from eop_spark.config import RunConfig
 from eop_spark.errors import ConfigError
-from eop_spark.spec import duration_ms
+from eop_spark.spec import KafkaSink, KafkaSource, duration_ms
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +83,15 @@ def spark_source_options(config: RunConfig) -> dict[str, str]:
 
 def source_client_config(config: RunConfig) -> dict[str, str]:
     """librdkafka settings for the source cluster (topic metadata), Java-only keys dropped."""
-    kafka = config.source.kafka
-    props = {**kafka.options, **read_secret_dir(config.source_secret_dir)}
+    return source_librdkafka_config(config.source.kafka, read_secret_dir(config.source_secret_dir))
+
+
+def source_librdkafka_config(kafka: KafkaSource, secret: Mapping[str, str]) -> dict[str, str]:
+    """librdkafka settings for the source cluster from the spec and the Secret's properties.
+
+    The operator passes the Secret it read through the API, the runner the mounted one.
+    """
+    props = {**kafka.options, **secret}
     props.pop("isolation.level", None)
     props.pop("enable.auto.commit", None)
     return librdkafka_compatible({"bootstrap.servers": kafka.bootstrap_servers, **props})
@@ -92,15 +99,15 @@ def source_client_config(config: RunConfig) -> dict[str, str]:
 
 def sink_client_config(config: RunConfig) -> dict[str, str]:
     """librdkafka settings shared by every client on the sink cluster (where G lives)."""
-    kafka = config.sink.kafka
+    return sink_librdkafka_config(config.sink.kafka, read_secret_dir(config.sink_secret_dir))
+
+
+def sink_librdkafka_config(kafka: KafkaSink, secret: Mapping[str, str]) -> dict[str, str]:
+    """librdkafka settings for the sink cluster from the spec and the Secret's properties."""
     for key in _SINK_FORBIDDEN:
         if key in kafka.options:
             raise ConfigError(f"sink option {key} is set by the runner and cannot be overridden")
-    return {
-        "bootstrap.servers": kafka.bootstrap_servers,
-        **kafka.options,
-        **read_secret_dir(config.sink_secret_dir),
-    }
+    return {"bootstrap.servers": kafka.bootstrap_servers, **kafka.options, **secret}
 
 
 def producer_config(

@@ -49,6 +49,11 @@ class RunConfig(SpecModel):
     )
     sink_secret_dir: str | None = None
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    reset_progress: bool | None = Field(
+        default=None,
+        description="A stateless generation: before its first batch, set the progress group "
+        "to startingOffsets (see eop_spark.reset).",
+    )
 
     @property
     def checkpoint_location(self) -> str:

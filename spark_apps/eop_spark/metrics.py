@@ -1,6 +1,8 @@
 """In-process counters of the data plane, and a tiny Prometheus text endpoint.
 
-The counters are cumulative since the runner started.  When the run config
+The counters are cumulative since the runner started; two histograms give the
+distribution of batch durations (the sink's work for one micro-batch) and of
+transaction times (begin to commit).  When the run config
 sets ``metricsPort``, ``GET /metrics`` serves them in the Prometheus text
 format (no client library needed for a handful of counters); the address is
 ``$EOP_METRICS_HOST`` (default 127.0.0.1; the operator sets 0.0.0.0 in pods).
@@ -27,6 +29,42 @@ _HELP = {
 }
 
 
+#: Upper bounds (seconds) of the histogram buckets: sub-second batches up to slow ones.
+BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+_HISTOGRAM_HELP = {
+    "batch_duration_seconds": "Time the sink spent on a micro-batch (foreachBatch call).",
+    "transaction_seconds": "Time of a batch's sink transactions, from begin to commit.",
+}
+
+
+@dataclass
+class Histogram:
+    """A Prometheus histogram: cumulative bucket counts, sum and count (not thread-safe alone)."""
+
+    buckets: tuple[float, ...] = BUCKETS
+    counts: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS) + 1))
+    sum: float = 0.0
+
+    def observe(self, value: float) -> None:
+        """Count one observation."""
+        index = next((i for i, bound in enumerate(self.buckets) if value <= bound), -1)
+        self.counts[index] += 1
+        self.sum += value
+
+    def render(self, metric: str, label: str) -> list[str]:
+        """The exposition lines of this histogram (``label`` already escaped)."""
+        lines = []
+        total = 0
+        for bound, count in zip([*self.buckets, float("inf")], self.counts, strict=True):
+            total += count
+            le = "+Inf" if bound == float("inf") else repr(bound)
+            lines.append(f'{metric}_bucket{{pipeline="{label}",le="{le}"}} {total}')
+        lines.append(f'{metric}_sum{{pipeline="{label}"}} {self.sum}')
+        lines.append(f'{metric}_count{{pipeline="{label}"}} {total}')
+        return lines
+
+
 @dataclass
 class Counters:
     """Cumulative data-plane counters, safe to update from several threads."""
@@ -40,10 +78,19 @@ class Counters:
     producers_fenced: int = 0
     commit_seconds_total: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _histograms: dict[str, Histogram] = field(
+        default_factory=lambda: {name: Histogram() for name in _HISTOGRAM_HELP},
+        repr=False,
+        compare=False,
+    )
 
-    def record(self, result: BatchResult) -> None:
-        """Count one finished batch."""
+    def record(self, result: BatchResult, seconds: float | None = None) -> None:
+        """Count one finished batch; ``seconds`` is how long the sink took for it, if timed."""
         with self._lock:
+            if seconds is not None:
+                self._histograms["batch_duration_seconds"].observe(seconds)
+            if result.transactions:
+                self._histograms["transaction_seconds"].observe(result.txn_ms / 1000.0)
             if result.status == BatchStatus.SKIPPED:
                 self.batches_skipped += 1
             else:
@@ -76,6 +123,11 @@ class Counters:
                 f"# TYPE {metric} counter",
                 f'{metric}{{pipeline="{label}"}} {value}',
             ]
+        with self._lock:
+            for name, histogram in self._histograms.items():
+                metric = f"eop_{name}"
+                lines += [f"# HELP {metric} {_HISTOGRAM_HELP[name]}", f"# TYPE {metric} histogram"]
+                lines += histogram.render(metric, label)
         return "\n".join(lines) + "\n"
 
 

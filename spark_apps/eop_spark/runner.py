@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,8 @@ from eop_spark.metrics import Counters, serve_metrics
 from eop_spark.offsets_log import HadoopFiles, LocalFiles, OffsetsLog, is_local
 from eop_spark.plan import ModeChoice, choose_mode, logical_blockers, physical_blockers
 from eop_spark.progress import ProgressGroup
+from eop_spark.reasons import failure_line
+from eop_spark.reset import reset_for_stateless_generation
 from eop_spark.session import build_session
 from eop_spark.sink_coordinated import CoordinatedSink
 from eop_spark.sink_partitioned import PartitionedSink, warm_up_workers
@@ -92,8 +95,9 @@ class BatchGate:
             if self._confirm_plan is not None:
                 self.sink = self._confirm_plan(self.sink)
                 self._confirm_plan = None
+            started = time.monotonic()
             result = self.sink(df, batch_id)
-            self.counters.record(result)
+            self.counters.record(result, seconds=time.monotonic() - started)
             with self._lock:
                 self.results[batch_id] = result
         except Exception as exc:
@@ -125,7 +129,7 @@ class BatchGate:
 
 
 def _report_failure(error: EopError) -> None:
-    line = f"eop: error: {error.message}"
+    line = failure_line(error)
     print(line, file=sys.stderr, flush=True)
     path = os.environ.get("EOP_TERMINATION_LOG")
     if path:
@@ -224,6 +228,7 @@ class PipelineRun:
         # Before reading G: aborts what a crashed or zombie runner left open.
         taken = take_over(settings, partitions)
         log.info("took over %d transactional ids %s.*", taken, config.transactional_id_prefix)
+        reset_for_stateless_generation(config, offsets_log, partitions, sink_conf)
         starting, why = resolve_starting_offsets(config, offsets_log, progress, partitions)
         log.info("%s", why)
         transformed = apply_transform(spark, read_kafka(spark, config, starting), config.transform)

@@ -56,6 +56,9 @@ def session_conf(config: RunConfig, jars: list[Path], log4j2: Path) -> dict[str,
         # instead of Spark's 200, which makes every micro-batch run 200 tiny tasks.
         "spark.sql.shuffle.partitions": str(max(2, 2 * _cores(config))),
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j2}",
+        # Python workers fork from eop's daemon: it keeps Spark's zips off their path and
+        # their libraries out of the per-task gc.collect() (see eop_spark.worker_daemon).
+        "spark.python.daemon.module": "eop_spark.worker_daemon",
     }
     if spark.on_kubernetes:
         conf |= {

@@ -105,6 +105,29 @@ def _headers(headers: Any) -> list[tuple[str, bytes | None]] | None:
     return [(h["key"], _bytes(h["value"])) for h in headers]
 
 
+def produce_columns(
+    producer: TransactionalProducer,
+    topic: str,
+    columns: Sequence[list[Any]],
+    layout: OutputLayout,
+) -> int:
+    """Produce rows given column-wise (``layout.columns()`` order, as Arrow's ``to_pylist``).
+
+    Arrow hands binary columns over as ``bytes``, which librdkafka takes as they
+    are: the common shape (value, optionally key) goes to ``produce_batch`` with
+    one dict per record and nothing else built per record.
+    """
+    if layout.has_headers or layout.has_partition:
+        return produce_rows(producer, topic, zip(*columns, strict=True), layout)
+    if layout.has_key:
+        values, keys = columns
+        messages = [{"value": v, "key": k} for v, k in zip(values, keys, strict=True)]
+    else:
+        messages = [{"value": v} for v in columns[0]]
+    producer.produce_messages(topic, messages)
+    return len(messages)
+
+
 def produce_rows(
     producer: TransactionalProducer,
     topic: str,

@@ -46,7 +46,7 @@ from eop_spark.sink_contract import (
     SOURCE_PARTITION,
     SOURCE_TOPIC,
     OutputLayout,
-    produce_rows,
+    produce_columns,
 )
 from eop_spark.sink_settings import SinkSettings
 from eop_spark.transactions import TransactionalProducer
@@ -202,7 +202,7 @@ def _produce(
             # Part of this range is visible already (e.g. a writer with other batch bounds).
             batch = batch.filter(pc.greater_equal(offsets, committed))
         lists = [batch.column(name).to_pylist() for name in columns]
-        rows_out += produce_rows(producer, topic, zip(*lists, strict=True), layout)
+        rows_out += produce_columns(producer, topic, lists, layout)
     return rows_out
 
 

@@ -1,9 +1,11 @@
 """The Helm chart (charts/eop), linted and rendered by the real helm binary.
 
 What a user of the chart would notice: it lints strictly, the operator runs non-root on a
-read-only root filesystem, the RBAC is cluster-wide or per namespace as asked and never
-reaches secrets or escalation verbs, a typo in values fails, the CRD matches the models, and
-(on the real API server) the operator's ServiceAccount can do everything the operator does.
+read-only root filesystem, the RBAC is cluster-wide or per namespace as asked, reads Secrets only
+by name (for lag reporting) and never grants escalation verbs, replicas elect a leader, the
+optional Prometheus monitors scrape what the operator and the drivers serve, a typo in values
+fails, the CRD matches the models, and (on the real API server) the operator's ServiceAccount can
+do everything the operator does.
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ def test_lint_strict_passes(helm: Helm, values: tuple[str, ...]) -> None:
 def test_operator_runs_non_root_on_read_only_root_fs(helm: Helm) -> None:
     dep = deployment(render(helm))
     assert dep["spec"]["replicas"] == 1
-    assert dep["spec"]["strategy"]["type"] == "Recreate"
+    assert "strategy" not in dep["spec"]  # rolling: the new pod waits as a standby
     pod = dep["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 1000
@@ -249,7 +251,7 @@ def test_leases_only_in_the_release_namespace(helm: Helm, values: tuple[str, ...
         {
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
-            "verbs": ["get", "create", "update"],
+            "verbs": ["get", "create", "patch"],
         }
     ]
     pipeline_rules = [
@@ -263,7 +265,7 @@ def test_leases_only_in_the_release_namespace(helm: Helm, values: tuple[str, ...
 
 @pytest.mark.kube
 @MODES
-def test_rbac_never_grants_secrets_wildcards_or_escalation(
+def test_rbac_reads_secrets_by_name_only_and_never_escalates(
     helm: Helm, values: tuple[str, ...]
 ) -> None:
     rules = all_rules(render(helm, *values))
@@ -271,9 +273,13 @@ def test_rbac_never_grants_secrets_wildcards_or_escalation(
     for rule in rules:
         assert "*" not in rule.get("apiGroups", []), rule
         assert "*" not in rule["resources"], rule
-        assert not [r for r in rule["resources"] if r.split("/")[0] == "secrets"], rule
         assert not FORBIDDEN_VERBS & set(rule["verbs"]), rule
         assert "nonResourceURLs" not in rule, rule
+    # The health checks read the Secret a pipeline names; they can never list or watch them.
+    assert granted(rules, "", "secrets") == {"get"}
+    assert (
+        granted(all_rules(render(helm, *values, "rbac.readSecrets=false")), "", "secrets") == set()
+    )
 
 
 def k8s_pipeline(namespace: str) -> Manifest:
@@ -315,6 +321,73 @@ def test_rbac_covers_what_the_operator_renders(helm: Helm) -> None:
                 assert not missing, f"driver Role grants {resource} {sorted(missing)}"
 
 
+# --- high availability and monitoring ------------------------------------------------------------
+
+
+@pytest.mark.kube
+def test_replicas_elect_a_leader(helm: Helm) -> None:
+    dep = deployment(render(helm, "replicaCount=2", "leaderElection.leaseDuration=20"))
+    assert dep["spec"]["replicas"] == 2
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(container["args"])
+    assert args.leader_election and args.leader_election_id == "eop"
+    assert args.lease_duration == 20 and args.metrics_port == 9090
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    # Host-network pods cannot surge on one node (same ports): the old one stops first.
+    on_host = deployment(render(helm, "hostNetwork=true"))
+    assert on_host["spec"]["strategy"] == {"type": "Recreate"}
+
+
+@pytest.mark.kube
+def test_monitors_are_off_by_default(helm: Helm) -> None:
+    kinds = {o["kind"] for o in render(helm)}
+    assert not kinds & {"ServiceMonitor", "PodMonitor", "Service"}
+
+
+@pytest.mark.kube
+def test_service_monitor_scrapes_the_operator(helm: Helm) -> None:
+    objects = render(
+        helm, "metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=prom"
+    )
+    (service,) = of_kind(objects, "Service")
+    (monitor,) = of_kind(objects, "ServiceMonitor")
+    pod = deployment(objects)["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    # The Service selects the operator pods, on the container port serving /metrics.
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    (port,) = service["spec"]["ports"]
+    assert port["targetPort"] == "metrics" and ports["metrics"] == 9090
+    assert f"--metrics-port={ports['metrics']}" in container["args"]
+    # The ServiceMonitor selects that Service and its port by name.
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [RELEASE_NAMESPACE]}
+    assert monitor["spec"]["endpoints"][0]["port"] == port["name"]
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+@pytest.mark.kube
+@MODES
+def test_driver_pod_monitor_selects_the_driver_pods(helm: Helm, values: tuple[str, ...]) -> None:
+    (monitor,) = of_kind(
+        render(helm, *values, "metrics.driverPodMonitor.enabled=true"), "PodMonitor"
+    )
+    (statefulset,) = [o for o in rendered_objects("team-a") if o["kind"] == "StatefulSet"]
+    pod = statefulset["spec"]["template"]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    (driver,) = [c for c in pod["spec"]["containers"] if c["name"] == "driver"]
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["port"] in {p["name"] for p in driver["ports"]}
+    assert endpoint["path"] == "/metrics"
+    expected = {"matchNames": ["team-a", "team-b"]} if values else {"any": True}
+    assert monitor["spec"]["namespaceSelector"] == expected
+
+
 # --- values schema -------------------------------------------------------------------------------
 
 
@@ -326,6 +399,8 @@ def test_rbac_covers_what_the_operator_renders(helm: Helm) -> None:
         ("image.pullPolicy=Sometimes", "pullPolicy"),
         ("logLevel=verbose", "logLevel"),
         ("watchNamespaces={Team_A}", "watchNamespaces"),
+        ("metrics.serviceMonitor.enable=true", "serviceMonitor"),
+        ("replicaCount=0", "replicaCount"),
     ],
 )
 def test_values_typos_fail_the_schema(helm: Helm, value: str, complaint: str) -> None:
@@ -471,12 +546,14 @@ def test_operator_account_can_do_its_job_and_no_more(
     )
     assert can_i(cp, release, "create", "events", "-n", ns)
     assert can_i(cp, release, "patch", "events.events.k8s.io", "-n", ns)
-    assert can_i(cp, release, "update", "leases.coordination.k8s.io", "-n", RELEASE_NAMESPACE)
+    assert can_i(cp, release, "patch", "leases.coordination.k8s.io", "-n", RELEASE_NAMESPACE)
+    assert can_i(cp, release, "get", "secrets", "-n", ns)  # the pipeline's Kafka Secret
 
     # And no more.
-    assert not can_i(cp, release, "get", "secrets", "-n", ns)
+    assert not can_i(cp, release, "list", "secrets", "-n", ns)
+    assert not can_i(cp, release, "watch", "secrets", "-n", ns)
     assert not can_i(cp, release, "list", "secrets", "--all-namespaces")
-    assert not can_i(cp, release, "update", "leases.coordination.k8s.io", "-n", "kube-system")
+    assert not can_i(cp, release, "patch", "leases.coordination.k8s.io", "-n", "kube-system")
     assert not can_i(cp, release, "create", "clusterroles")
     assert not can_i(cp, release, "list", "nodes")
     if installed.namespaced:

@@ -195,7 +195,7 @@ def test_pipeline_lifecycle_create_update_delete(
     assert status["checkpoint"]["generation"] == 0
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
     assert conditions["Ready"] == "False" and conditions["Progressing"] == "True"
-    assert any(e["reason"] == "Applied" for e in _events(cp, ns, "clean"))
+    assert any(e["reason"] == "Submitted" for e in _events(cp, ns, "clean"))
 
     sts = get(cp, "statefulset", "clean-driver", ns)
     assert sts is not None

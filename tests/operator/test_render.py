@@ -7,9 +7,17 @@ from typing import Any
 
 import pytest
 
-from eop_operator.api.load import load_pipeline
+from eop_operator.api.load import InvalidPipeline, load_pipeline
 from eop_operator.render import MissingImage, render_pipeline
 from eop_operator.render.naming import SPEC_HASH_ANNOTATION
+from eop_operator.render.ports import (
+    HostPortRange,
+    HostPortsExhausted,
+    assign_metrics_host_port,
+    choose_host_port,
+    metrics_host_port_of,
+    preferred_host_port,
+)
 
 
 def _objects(manifest: dict[str, Any], **kwargs: Any) -> dict[str, dict[str, Any]]:
@@ -43,6 +51,10 @@ def test_driver_runs_one_non_root_pod_with_config_and_checkpoint(manifest: dict[
     assert container["args"][:3] == ["run", "--config", "/etc/eop/run.json"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # Spark writes relative scratch dirs: the working directory is a writable emptyDir.
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert "emptyDir" in next(v for v in pod["volumes"] if v["name"] == mounts["/tmp"])
+    assert container["workingDir"] == "/tmp"
     assert pod["automountServiceAccountToken"] is False
     claims = [
         v["persistentVolumeClaim"]["claimName"]
@@ -119,3 +131,132 @@ def test_checkpoint_uri_has_no_claim(manifest: dict[str, Any]) -> None:
 def test_missing_image_is_a_clear_error(manifest: dict[str, Any]) -> None:
     with pytest.raises(MissingImage, match=r"spec\.image"):
         _objects(manifest, image=None)
+
+
+# ----------------------------------------------------------------------------- ports
+
+
+def _driver(objects: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    pod = objects["StatefulSet"]["spec"]["template"]["spec"]
+    return pod, pod["containers"][0]
+
+
+def _env(container: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(e for e in container["env"] if e["name"] == name)
+
+
+def test_pod_network_drivers_keep_the_conventional_ports(manifest: dict[str, Any]) -> None:
+    manifest["spec"]["spark"] = {"master": "k8s://https://kubernetes.default.svc"}
+    objects = _objects(manifest)
+    _, container = _driver(objects)
+    declared = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert declared == {"spark-ui": 4040, "metrics": 9090, "driver-rpc": 7078, "blockmanager": 7079}
+    assert not any("hostPort" in p for p in container["ports"])
+    assert {p["name"]: p["port"] for p in objects["Service"]["spec"]["ports"]} == declared
+    run = json.loads(objects["ConfigMap"]["data"]["run.json"])
+    assert run["metricsPort"] == 9090
+    assert run["spark"]["conf"]["spark.driver.port"] == "7078"
+    assert "spark.ui.port" not in run["spark"]["conf"]
+    # Scrapable from outside the pod.
+    assert _env(container, "EOP_METRICS_HOST")["value"] == "0.0.0.0"
+
+
+def test_host_network_driver_declares_only_its_own_metrics_host_port(
+    manifest: dict[str, Any],
+) -> None:
+    manifest["spec"]["driver"] = {"hostNetwork": True}
+    manifest["spec"]["spark"] = {"master": "k8s://https://kubernetes.default.svc"}
+    objects = _objects(manifest)
+    pod, container = _driver(objects)
+    run = json.loads(objects["ConfigMap"]["data"]["run.json"])
+    port = run["metricsPort"]
+    assert port in HostPortRange()
+    # The only declared (and so reserved) port on the node is the metrics one.
+    assert container["ports"] == [{"name": "metrics", "containerPort": port, "hostPort": port}]
+    assert objects["Service"]["spec"]["ports"] == [
+        {"name": "metrics", "port": port, "targetPort": "metrics"}
+    ]
+    # Spark binds free ports for everything else; executors learn the actual ones.
+    conf = run["spark"]["conf"]
+    assert (conf["spark.ui.port"], conf["spark.driver.port"]) == ("0", "0")
+    assert conf["spark.driver.blockManager.port"] == "0"
+    # Metrics listen on the node's address, not on every interface of the node.
+    assert _env(container, "EOP_METRICS_HOST")["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "status.podIP"
+    )
+    assert metrics_host_port_of(pod) == port
+
+
+def test_two_host_network_pipelines_get_different_metrics_ports(manifest: dict[str, Any]) -> None:
+    manifest["spec"]["driver"] = {"hostNetwork": True}
+    other = json.loads(json.dumps(manifest))
+    other["metadata"]["name"] = "count"
+
+    def port_of(m: dict[str, Any], **kwargs: Any) -> int:
+        rendered = render_pipeline(
+            load_pipeline(m), default_image="eop-spark:1", generation=0, **kwargs
+        )
+        return int(rendered.run_config.metrics_port or 0)
+
+    first = port_of(manifest)
+    assert port_of(manifest) == first  # deterministic
+    # Even when both names would hash to the same port, the operator's choice differs.
+    ports = HostPortRange(19000, 19001)
+    held = {"ads.clean": [assign_metrics_host_port("ads.clean", ports, {})]}
+    count_port = assign_metrics_host_port("ads.count", ports, held)
+    assert count_port != held["ads.clean"][0]
+    assert port_of(other, metrics_host_port=count_port) == count_port
+
+
+def test_a_driver_keeps_its_host_port_unless_another_pipeline_holds_it() -> None:
+    ports = HostPortRange(19000, 19009)
+    preferred = preferred_host_port("ns.a", ports)
+    assert choose_host_port("ns.a", ports) == preferred
+    assert choose_host_port("ns.a", ports, current=19005) == 19005
+    # Taken by another pipeline: the next free one, wrapping around the range.
+    assert choose_host_port("ns.a", ports, taken={preferred}) == (
+        ports.first + (preferred - ports.first + 1) % len(ports)
+    )
+    assert choose_host_port("ns.a", ports, taken={19005}, current=19005) != 19005
+    # Out of range after the operator's range changed: re-chosen inside it.
+    assert choose_host_port("ns.a", ports, current=20000) in ports
+    held = {"ns.a": [19003], "ns.b": [19004]}
+    assert assign_metrics_host_port("ns.a", ports, held) == 19003
+    with pytest.raises(HostPortsExhausted, match="--host-ports"):
+        choose_host_port("ns.c", HostPortRange(19000, 19001), taken={19000, 19001})
+
+
+def test_host_port_range_parses_first_dash_last() -> None:
+    assert HostPortRange.parse("20000-20099") == HostPortRange(20000, 20099)
+    assert len(HostPortRange.parse("20000-20099")) == 100
+    for bad in ("20000", "b-c", "20099-20000", "0-10"):
+        with pytest.raises(ValueError, match="range"):
+            HostPortRange.parse(bad)
+
+
+# ----------------------------------------------------------------------------- resources
+
+
+def test_driver_cpu_request_defaults_to_spark_cores(manifest: dict[str, Any]) -> None:
+    manifest["spec"]["spark"] = {"driver": {"cores": 2, "memory": "1g"}}
+    _, container = _driver(_objects(manifest))
+    assert container["resources"]["requests"] == {"cpu": "2", "memory": "1408Mi"}
+    assert container["resources"]["limits"] == {"memory": "1408Mi"}
+
+
+def test_driver_cpu_request_may_be_a_fraction_of_a_core(manifest: dict[str, Any]) -> None:
+    manifest["spec"]["driver"] = {
+        "resources": {"requests": {"cpu": "500m"}, "limits": {"cpu": "2"}}
+    }
+    _, container = _driver(_objects(manifest))
+    assert container["resources"]["requests"]["cpu"] == "500m"
+    assert container["resources"]["limits"]["cpu"] == "2"
+    run = json.loads(_objects(manifest)["ConfigMap"]["data"]["run.json"])
+    assert run["spark"]["driver"]["cores"] == 1  # Spark's own setting is untouched
+
+
+@pytest.mark.parametrize("cpu", ["half", "0.5m", "-1", ""])
+def test_invalid_driver_cpu_names_the_field(manifest: dict[str, Any], cpu: str) -> None:
+    manifest["spec"]["driver"] = {"resources": {"requests": {"cpu": cpu}}}
+    with pytest.raises(InvalidPipeline, match=r"driver\.resources\.requests\.cpu"):
+        load_pipeline(manifest)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import re
+import tomllib
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
+from devenv.versions import versions
 from eop_spark.errors import EnvironmentNotReady
 from eop_spark.jars import connector_jars
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def jar_dir(root: Path) -> Path:
@@ -44,3 +49,22 @@ def test_no_jars_says_how_to_fetch_them(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("EOP_SPARK_JARS", str(tmp_path))
     with pytest.raises(EnvironmentNotReady, match="holds no jars"):
         connector_jars()
+
+
+def test_one_spark_version_everywhere() -> None:
+    """pyproject's pyspark pin, the installed pyspark and versions.env's SPARK_VERSION agree."""
+    spark_version = versions()["SPARK_VERSION"]
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pins = [d for d in extras["spark"] if re.match(r"pyspark\b", d)]
+    assert pins == [f"pyspark=={spark_version}"]
+    assert version("pyspark") == spark_version
+
+
+@pytest.mark.spark
+def test_the_connector_is_the_release_of_pyspark(spark_jars: list[Path]) -> None:
+    """The fetched connector and its token provider are exactly the installed pyspark's release."""
+    names = {jar.name for jar in spark_jars}
+    scala = versions()["SCALA_BINARY_VERSION"]
+    for artifact in ("spark-sql-kafka-0-10", "spark-token-provider-kafka-0-10"):
+        release = [n for n in names if n.startswith(f"{artifact}_{scala}-")]
+        assert release == [f"{artifact}_{scala}-{version('pyspark')}.jar"], sorted(names)

@@ -58,8 +58,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/*
 RBAC: what the operator may do in each namespace it serves. The one list that both the
 ClusterRole (watchNamespaces empty) and the per-namespace Roles are rendered from; why each
-rule exists is in docs/install.md. No secrets (driver pods mount them; the operator never reads
-them), no wildcards, no escalate/bind/impersonate.
+rule exists is in docs/install.md. Secrets: `get` only (never list or watch), so the health
+checks can read the Kafka Secret a pipeline names (docs/observability.md); rbac.readSecrets=false
+drops it. No wildcards, no escalate/bind/impersonate.
 */}}
 {{- define "eop.rbacRules" -}}
 # The pipelines: watch them, add and remove the finalizer (patch), write their status.
@@ -94,14 +95,21 @@ them), no wildcards, no escalate/bind/impersonate.
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- if .Values.rbac.readSecrets }}
+# Health checks read the Kafka client Secret a pipeline references, by name: get, no list/watch.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
 {{- end }}
 
 {{/* Leader election: leases in the release's namespace only (never cluster-wide, where update
 would reach other controllers' leases). */}}
 {{- define "eop.leaderElectionRules" -}}
+# Renewals are merge patches that carry the read resourceVersion (a conflict fails them).
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
-  verbs: ["get", "create", "update"]
+  verbs: ["get", "create", "patch"]
 {{- end }}
 
 {{/* The subject every binding grants to: the operator's ServiceAccount. */}}

@@ -125,6 +125,8 @@ def _printer_columns() -> list[dict[str, Any]]:
         {"name": "Lag", "type": "integer", "jsonPath": ".status.lag"},
         {"name": "Mode", "type": "string", "jsonPath": ".status.commitMode", "priority": 1},
         {"name": "Checkpoint-Gen", "type": "integer", "jsonPath": ".status.checkpoint.generation"},
+        {"name": "Restarts", "type": "integer", "jsonPath": ".status.failover.restarts"},
+        {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

@@ -16,6 +16,7 @@ from pydantic.alias_generators import to_camel
 from eop_operator import API_VERSION, KIND
 from eop_spark.spec import (
     CEL_RULES_KEY,
+    Duration,
     SinkSpec,
     SourceSpec,
     SparkSpec,
@@ -139,13 +140,41 @@ class UpgradeMode(StrEnum):
 
 
 class UpgradeSpec(SpecModel):
-    """How spec changes that need a driver restart are applied."""
+    """How spec changes that need a driver restart are applied (see docs/lifecycle.md)."""
 
     mode: UpgradeMode = Field(
         default=UpgradeMode.LAST_STATE,
         description="last-state resumes the checkpoint; committed-offsets starts a new checkpoint "
         "generation from the progress group; stateless reprocesses from startingOffsets.",
     )
+    readiness_timeout: Duration = Field(
+        default="5m",
+        description="How long a restarted driver may take to become Ready before the upgrade "
+        "counts as failed.",
+    )
+    rollback: bool = Field(
+        default=False,
+        description="Roll back to the last spec that ran healthily when an upgraded driver is "
+        "not Ready within readinessTimeout.",
+    )
+    allow_fallback: bool = Field(
+        default=True,
+        description="When a last-state restart finds the checkpoint incompatible with the new "
+        "query, start a new generation from the progress group (committed-offsets) instead.",
+    )
+
+
+class FailoverSpec(SpecModel):
+    """When a crashing driver counts as Degraded, and how restarts are spaced."""
+
+    max_restarts: int = Field(
+        default=5, ge=1, le=1000, description="Restarts within window before Degraded."
+    )
+    window: Duration = Field(default="10m", description="The window restarts are counted in.")
+    backoff: Duration = Field(
+        default="10s", description="Delay before the operator restarts a failed driver; doubles."
+    )
+    max_backoff: Duration = Field(default="5m", description="Upper bound of the backoff.")
 
 
 class RestartPolicy(StrEnum):
@@ -155,6 +184,46 @@ class RestartPolicy(StrEnum):
     NEVER = "Never"
 
 
+class HealthSpec(SpecModel):
+    """Health from progress: how often the operator checks the progress group, when it restarts."""
+
+    check_interval: Duration = Field(
+        default="30s",
+        description="How often the operator compares the progress group with the source's end "
+        "offsets.",
+    )
+    stall_timeout: Duration = Field(
+        default="5m",
+        description="Restart a Ready driver (event RestartStalled) when input waits and the "
+        "progress group has not advanced for this long.",
+    )
+
+
+#: Kubernetes CPU quantities: whole or decimal cores (1, 0.5) or millicores (500m).
+CPU_QUANTITY_PATTERN = r"^([0-9]+(\.[0-9]+)?|[0-9]+m)$"
+
+
+class CpuQuantity(SpecModel):
+    """A CPU amount of the driver container."""
+
+    cpu: str | None = Field(
+        default=None, pattern=CPU_QUANTITY_PATTERN, description="CPU, e.g. 500m, 0.5, 2."
+    )
+
+
+class DriverResources(SpecModel):
+    """CPU of the driver container; its memory follows spec.spark.driver.memory."""
+
+    requests: CpuQuantity = Field(
+        default_factory=CpuQuantity,
+        description="CPU request; spec.spark.driver.cores when unset. May be a fraction of a "
+        "core (Spark's cores are whole numbers; the pod's request need not be).",
+    )
+    limits: CpuQuantity = Field(
+        default_factory=CpuQuantity, description="CPU limit; none when unset."
+    )
+
+
 class DriverSpec(SpecModel):
     """Overrides for the driver pod."""
 
@@ -162,7 +231,14 @@ class DriverSpec(SpecModel):
     annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
     tolerations: list[KubeObject] = Field(default_factory=list, description="Pod tolerations.")
-    host_network: bool = Field(default=False, description="Run the driver on the host network.")
+    host_network: bool = Field(
+        default=False,
+        description="Run the driver on the host network. Spark then picks free ports and "
+        "metrics get a host port of their own (see docs/install.md).",
+    )
+    resources: DriverResources = Field(
+        default_factory=DriverResources, description="CPU request and limit of the driver."
+    )
     env: list[KubeObject] = Field(
         default_factory=list, description="Extra container env (EnvVar objects)."
     )
@@ -195,11 +271,13 @@ class PipelineSpec(SpecModel):
     transactions: Transactions = Field(default_factory=Transactions)
     upgrade: UpgradeSpec = Field(default_factory=UpgradeSpec)
     restart_policy: RestartPolicy = Field(default=RestartPolicy.ALWAYS)
+    failover: FailoverSpec = Field(default_factory=FailoverSpec)
     suspend: bool = Field(default=False, description="Stop the driver gracefully, keep state.")
     restart_nonce: str | None = Field(
         default=None, max_length=63, description="Change to force a driver restart."
     )
     driver: DriverSpec = Field(default_factory=DriverSpec)
+    health: HealthSpec = Field(default_factory=HealthSpec)
 
     @classmethod
     def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
@@ -243,9 +321,39 @@ class Phase(StrEnum):
 
     PENDING = "Pending"
     RUNNING = "Running"
+    UPGRADING = "Upgrading"
     SUSPENDED = "Suspended"
     DEGRADED = "Degraded"
     INVALID = "Invalid"
+
+
+class PartitionLag(BaseModel):
+    """One source partition's position in the progress group."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+    topic: str
+    partition: int
+    committed: int | None = Field(default=None, description="Offset committed to the group.")
+    end: int = Field(description="End offset of the partition (committed input).")
+    lag: int
+
+
+class ProgressStatus(BaseModel):
+    """The progress group against the source, as the operator last checked it."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+    lag: int | None = Field(default=None, description="Total records not yet in the sink.")
+    worst_partitions: list[PartitionLag] = Field(
+        default_factory=list, description="The partitions with the largest lag."
+    )
+    last_commit_time: str | None = Field(
+        default=None, description="When the operator last saw the progress group advance."
+    )
+    input_rate: float | None = Field(default=None, description="Input records per second.")
+    checked_at: str | None = Field(default=None, description="When the offsets were read.")
+    message: str | None = Field(default=None, description="Why the offsets could not be read.")
 
 
 class CheckpointStatus(BaseModel):
@@ -255,6 +363,54 @@ class CheckpointStatus(BaseModel):
 
     generation: int = 0
     path: str | None = None
+    reset_progress: bool = Field(
+        default=False,
+        description="This generation reprocesses from startingOffsets (a stateless upgrade).",
+    )
+
+
+class UpgradeStep(StrEnum):
+    """Where an upgrade in flight is: the write-ahead log's step."""
+
+    #: The old driver is asked to stop (replicas 0); the next step waits until its pod is gone.
+    STOPPING = "Stopping"
+    #: The new configuration and pod template are applied with one replica.
+    STARTING = "Starting"
+
+
+class UpgradeStatus(BaseModel):
+    """An upgrade in flight: written before each action, so a restarted operator finishes it."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+    from_hash: str | None = Field(default=None, description="Spec hash of the old driver.")
+    to_hash: str = Field(description="Spec hash of the new driver.")
+    mode: UpgradeMode
+    step: UpgradeStep
+    generation: int = Field(description="Checkpoint generation the new driver runs.")
+    reset_progress: bool = False
+    reason: str = Field(description="Why: SpecChanged, RestartNonce, RolledBack, FellBack, ...")
+    started_at: str | None = Field(default=None, description="When the current step began.")
+    began_at: str | None = Field(default=None, description="When the upgrade began.")
+    not_before: str | None = Field(
+        default=None, description="The new driver starts no earlier (restart backoff)."
+    )
+
+
+class FailoverStatus(BaseModel):
+    """Driver restarts the operator has seen."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+    restarts: int = Field(default=0, description="Driver restarts seen in total.")
+    recent: list[str] = Field(
+        default_factory=list, description="Times of the restarts within the window."
+    )
+    last_reason: str | None = Field(default=None, description="Reason of the last termination.")
+    last_message: str | None = Field(default=None, description="The last termination message.")
+    seen: dict[str, int] = Field(
+        default_factory=dict, description="Per driver pod uid: terminations already counted."
+    )
 
 
 class PipelineStatus(BaseModel):
@@ -265,13 +421,31 @@ class PipelineStatus(BaseModel):
     phase: Phase | None = None
     ready: str | None = Field(default=None, description="Ready driver pods, e.g. 1/1.")
     lag: int | None = Field(default=None, description="Total records not yet in the sink.")
+    progress: ProgressStatus | None = Field(
+        default=None, description="Lag and progress from the progress group."
+    )
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
     checkpoint: CheckpointStatus | None = None
     transactional_id_prefix: str | None = None
     progress_group: str | None = None
     commit_mode: str | None = None
-    spec_hash: str | None = None
+    spec_hash: str | None = Field(default=None, description="Spec hash of the applied driver.")
+    upgrade: UpgradeStatus | None = Field(default=None, description="The upgrade in flight.")
+    last_stable_spec: dict[str, Any] | None = Field(
+        default=None, description="The last spec whose driver ran healthily (for rollback)."
+    )
+    last_stable_fingerprint: str | None = None
+    applied_fingerprint: str | None = Field(
+        default=None, description="Fingerprint of the spec last applied."
+    )
+    rolled_back_fingerprint: str | None = Field(
+        default=None,
+        description="Fingerprint of a spec that failed and was rolled back; it is not retried "
+        "until the spec changes.",
+    )
+    failover: FailoverStatus = Field(default_factory=FailoverStatus)
+    message: str | None = Field(default=None, description="The last lifecycle decision.")
 
 
 class ObjectMeta(BaseModel):

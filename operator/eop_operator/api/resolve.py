@@ -60,6 +60,7 @@ def build_run_config(
     sink_secret_dir: str | None = None,
     metrics_port: int | None = None,
     extra_spark_conf: dict[str, str] | None = None,
+    reset_progress: bool = False,
 ) -> RunConfig:
     """Resolve a pipeline into the configuration one runner process reads."""
     identity = resolve_identity(pipeline)
@@ -80,4 +81,6 @@ def build_run_config(
         source_secret_dir=source_secret_dir,
         sink_secret_dir=sink_secret_dir,
         metrics_port=metrics_port,
+        # Only written when set, so run.json (and the spec hash) of other generations is unchanged.
+        reset_progress=True if reset_progress else None,
     )

@@ -30,6 +30,10 @@ _KINDS: dict[tuple[str, str], tuple[str, str]] = {
     ("v1", "ServiceAccount"): ("/api/v1", "serviceaccounts"),
     ("v1", "Pod"): ("/api/v1", "pods"),
     ("v1", "Event"): ("/api/v1", "events"),
+    # Read only: the Kafka Secret a pipeline references (health checks read its offsets).
+    ("v1", "Secret"): ("/api/v1", "secrets"),
+    # Leader election of operator replicas.
+    ("coordination.k8s.io/v1", "Lease"): ("/apis/coordination.k8s.io/v1", "leases"),
     ("apps/v1", "StatefulSet"): ("/apis/apps/v1", "statefulsets"),
     ("rbac.authorization.k8s.io/v1", "Role"): ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
@@ -169,6 +173,17 @@ class KubeClient:
     ) -> dict[str, Any] | None:
         """Read an object; None when it does not exist."""
         return await self._request("GET", object_path(api_version, kind, namespace, name))
+
+    async def list_objects(
+        self, api_version: str, kind: str, namespace: str, *, label_selector: str
+    ) -> list[dict[str, Any]]:
+        """The objects of a kind in a namespace that match a label selector."""
+        result = await self._request(
+            "GET",
+            object_path(api_version, kind, namespace),
+            params={"labelSelector": label_selector},
+        )
+        return list((result or {}).get("items", []))
 
     async def patch(
         self,

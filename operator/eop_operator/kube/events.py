@@ -1,8 +1,9 @@
 """Kubernetes events on a pipeline: the operator's decisions, where `kubectl describe` shows them.
 
 The operator posts its own events rather than kopf's log-to-event bridge, so
-the events carry eop's reasons (Applied, InvalidSpec, CheckpointRetained, ...)
-and kopf's per-handler chatter stays in the operator's log.
+the events carry eop's reasons (Submitted, Upgrading, Upgraded, RolledBack, FellBack,
+Restarted, Suspended, Resumed, Degraded, InvalidSpec, CheckpointRetained, ...: see
+docs/lifecycle.md) and kopf's per-handler chatter stays in the operator's log.
 """
 
 from __future__ import annotations

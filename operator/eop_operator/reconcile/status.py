@@ -75,6 +75,22 @@ def judge(*, suspend: bool, driver: DriverObservation | None, error: str | None)
     return Verdict(Phase.PENDING, False, True, False, "DriverStarting", "driver not ready yet")
 
 
+def lifecycle_verdict(
+    *,
+    suspend: bool,
+    driver: DriverObservation | None,
+    degraded: tuple[str, str] | None,
+    upgrading: str | None,
+) -> Verdict:
+    """The verdict once the lifecycle is known: Degraded and Upgrading win over the driver's."""
+    if degraded is not None:
+        reason, message = degraded
+        return Verdict(Phase.DEGRADED, False, False, True, reason, message)
+    if upgrading is not None and not suspend:
+        return Verdict(Phase.UPGRADING, False, True, False, "Upgrading", upgrading)
+    return judge(suspend=suspend, driver=driver, error=None)
+
+
 def _condition(
     previous: list[Condition],
     kind: str,

@@ -15,14 +15,15 @@ from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.api.resolve import build_run_config
 from eop_operator.render.driver import (
     CHECKPOINT_MOUNT,
-    METRICS_PORT,
-    kubernetes_spark_conf,
+    default_driver_ports,
+    driver_spark_conf,
     render_driver_service,
     render_driver_statefulset,
     render_pod_template,
     secret_dir,
 )
 from eop_operator.render.naming import SPEC_HASH_ANNOTATION
+from eop_operator.render.ports import driver_ports
 from eop_operator.render.rbac import render_driver_rbac
 from eop_operator.render.storage import render_checkpoint_claim, render_config_map
 from eop_spark.config import RunConfig
@@ -56,13 +57,29 @@ def spec_hash(*parts: Any) -> str:
 
 
 def render_pipeline(
-    pipeline: ExactlyOncePipeline, *, default_image: str | None, generation: int
+    pipeline: ExactlyOncePipeline,
+    *,
+    default_image: str | None,
+    generation: int,
+    metrics_host_port: int | None = None,
+    reset_progress: bool = False,
 ) -> RenderedPipeline:
-    """Render the ConfigMap, PVC, driver RBAC, Service and StatefulSet of a pipeline."""
+    """Render the ConfigMap, PVC, driver RBAC, Service and StatefulSet of a pipeline.
+
+    ``metrics_host_port``: the port the operator assigned to a host-network driver
+    (``render.ports.choose_host_port``); unset, the one derived from the pipeline's identity.
+    ``reset_progress`` marks a stateless generation (see ``eop_spark.reset``).
+    """
     image = pipeline.spec.image or default_image
     if not image:
         raise MissingImage(
             "spec.image is not set and the operator has no default image (--default-image)"
+        )
+    if metrics_host_port is None:
+        ports = default_driver_ports(pipeline)
+    else:
+        ports = driver_ports(
+            host_network=pipeline.spec.driver.host_network, metrics_host_port=metrics_host_port
         )
     run_config = build_run_config(
         pipeline,
@@ -70,14 +87,18 @@ def render_pipeline(
         generation=generation,
         source_secret_dir=secret_dir("source") if pipeline.spec.source.kafka.secret_ref else None,
         sink_secret_dir=secret_dir("sink") if pipeline.spec.sink.kafka.secret_ref else None,
-        metrics_port=METRICS_PORT,
-        extra_spark_conf=kubernetes_spark_conf(pipeline, image),
+        metrics_port=ports.metrics,
+        extra_spark_conf=driver_spark_conf(pipeline, image, ports),
+        reset_progress=reset_progress,
     )
     config_map = render_config_map(pipeline, run_config)
-    template = render_pod_template(pipeline, image, generation)
+    template = render_pod_template(pipeline, image, generation, ports)
     digest = spec_hash(config_map["data"], template)
     template["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = digest
     claim = render_checkpoint_claim(pipeline)
     objects = [config_map, *([claim] if claim else []), *render_driver_rbac(pipeline)]
-    objects += [render_driver_service(pipeline), render_driver_statefulset(pipeline, template)]
+    objects += [
+        render_driver_service(pipeline, ports),
+        render_driver_statefulset(pipeline, template),
+    ]
     return RenderedPipeline(run_config=run_config, spec_hash=digest, objects=objects)

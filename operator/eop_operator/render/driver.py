@@ -21,6 +21,12 @@ from eop_operator.render.naming import (
     driver_name,
     selector_labels,
 )
+from eop_operator.render.ports import (
+    DriverPorts,
+    HostPortRange,
+    driver_ports,
+    preferred_host_port,
+)
 from eop_operator.render.rbac import driver_service_account_name
 from eop_spark.config import CONFIG_FILE_NAME
 from eop_spark.spec import duration_ms
@@ -28,10 +34,6 @@ from eop_spark.spec import duration_ms
 CONFIG_DIR = "/etc/eop"
 CHECKPOINT_MOUNT = "/var/lib/eop/checkpoint"
 SECRETS_DIR = "/etc/eop/secrets"
-UI_PORT = 4040
-METRICS_PORT = 9090
-DRIVER_RPC_PORT = 7078
-BLOCK_MANAGER_PORT = 7079
 #: Non-root user of the application image (see Dockerfile).
 APP_UID = 1000
 #: Slack on top of one trigger interval plus the transaction timeout.
@@ -65,21 +67,36 @@ def secret_dir(side: str) -> str:
     return f"{SECRETS_DIR}/{side}"
 
 
-def kubernetes_spark_conf(pipeline: ExactlyOncePipeline, image: str) -> dict[str, str]:
-    """Spark settings a driver needs to run executors as pods next to it."""
+def default_driver_ports(pipeline: ExactlyOncePipeline) -> DriverPorts:
+    """The driver's ports when the operator assigned none: on the host network, the metrics
+    port derived from the pipeline's identity in the default range (what ``eop render`` shows).
+    """
+    metrics = preferred_host_port(pipeline.pipeline_id, HostPortRange())
+    return driver_ports(host_network=pipeline.spec.driver.host_network, metrics_host_port=metrics)
+
+
+def driver_spark_conf(
+    pipeline: ExactlyOncePipeline, image: str, ports: DriverPorts | None = None
+) -> dict[str, str]:
+    """Spark settings of the driver's ports, and what it needs to run executors as pods."""
+    ports = ports or default_driver_ports(pipeline)
+    conf: dict[str, str] = {}
+    if ports.host_network:
+        # Port 0: Spark binds a free port (see render.ports); executors learn the actual ones.
+        conf["spark.ui.port"] = str(ports.ui)
     if not pipeline.spec.spark.on_kubernetes:
-        return {}
+        return conf
     namespace = pipeline.metadata.namespace
     name = driver_name(pipeline)
     executor = pipeline.spec.spark.executor
-    return {
+    return conf | {
         "spark.kubernetes.namespace": namespace,
         "spark.kubernetes.container.image": image,
         "spark.kubernetes.driver.pod.name": f"{name}-0",
         "spark.kubernetes.executor.podNamePrefix": name,
         "spark.driver.host": f"{name}-0.{name}.{namespace}.svc",
-        "spark.driver.port": str(DRIVER_RPC_PORT),
-        "spark.driver.blockManager.port": str(BLOCK_MANAGER_PORT),
+        "spark.driver.port": str(ports.driver_rpc),
+        "spark.driver.blockManager.port": str(ports.block_manager),
         "spark.executor.instances": str(executor.instances),
         "spark.executor.cores": str(executor.cores),
         "spark.executor.memory": executor.memory,
@@ -120,35 +137,58 @@ def _volumes(pipeline: ExactlyOncePipeline) -> tuple[list[dict[str, Any]], list[
     return volumes, mounts
 
 
-def _container(pipeline: ExactlyOncePipeline, image: str) -> dict[str, Any]:
-    _, mounts = _volumes(pipeline)
-    spark = pipeline.spec.spark
+def driver_resources(pipeline: ExactlyOncePipeline) -> dict[str, dict[str, str]]:
+    """Requests and limits of the driver container.
+
+    CPU: ``spec.driver.resources`` when set, else ``spark.driver.cores`` (an integer for
+    Spark; the pod may ask for less, e.g. ``500m`` for a light query on a small node).
+    Memory: the heap plus Spark's overhead, as request and limit.
+    """
     memory = f"{driver_container_memory_mib(pipeline)}Mi"
-    ports = [
-        {"name": "spark-ui", "containerPort": UI_PORT},
-        {"name": "metrics", "containerPort": METRICS_PORT},
-    ]
-    if spark.on_kubernetes:
-        ports += [
-            {"name": "driver-rpc", "containerPort": DRIVER_RPC_PORT},
-            {"name": "blockmanager", "containerPort": BLOCK_MANAGER_PORT},
-        ]
+    cpu = pipeline.spec.driver.resources
+    requests = {"cpu": cpu.requests.cpu or str(pipeline.spec.spark.driver.cores), "memory": memory}
+    limits = {"memory": memory}
+    if cpu.limits.cpu:
+        limits["cpu"] = cpu.limits.cpu
+    return {"requests": requests, "limits": limits}
+
+
+def _metrics_host_env(ports: DriverPorts) -> dict[str, Any]:
+    # Pod network: any address of the pod. Host network: the node's own address (the pod
+    # IP), not every interface of the node.
+    if ports.host_network:
+        return {
+            "name": "EOP_METRICS_HOST",
+            "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+        }
+    return {"name": "EOP_METRICS_HOST", "value": "0.0.0.0"}
+
+
+def _container(pipeline: ExactlyOncePipeline, image: str, ports: DriverPorts) -> dict[str, Any]:
+    _, mounts = _volumes(pipeline)
+    container_ports: list[dict[str, Any]] = []
+    for name, port in ports.declared(pipeline.spec.spark.on_kubernetes):
+        entry: dict[str, Any] = {"name": name, "containerPort": port}
+        if ports.host_network:
+            entry["hostPort"] = port  # what the API server would default; explicit for review
+        container_ports.append(entry)
     return {
         "name": "driver",
         "image": image,
         "imagePullPolicy": pipeline.spec.image_pull_policy.value,
         "args": ["run", "--config", f"{CONFIG_DIR}/{CONFIG_FILE_NAME}", "--log-format", "json"],
+        # Spark creates scratch directories relative to the working directory (4.0:
+        # artifacts/spark-<uuid>); the root filesystem is read-only, /tmp is an emptyDir.
+        "workingDir": "/tmp",
         "env": [
             {"name": "EOP_TERMINATION_LOG", "value": "/dev/termination-log"},
             {"name": "SPARK_LOCAL_DIRS", "value": "/tmp/spark"},
             {"name": "HOME", "value": "/tmp"},
+            _metrics_host_env(ports),
             *pipeline.spec.driver.env,
         ],
-        "ports": ports,
-        "resources": {
-            "requests": {"cpu": str(spark.driver.cores), "memory": memory},
-            "limits": {"memory": memory},
-        },
+        "ports": container_ports,
+        "resources": driver_resources(pipeline),
         "volumeMounts": mounts,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
@@ -161,16 +201,17 @@ def _container(pipeline: ExactlyOncePipeline, image: str) -> dict[str, Any]:
 
 
 def render_pod_template(
-    pipeline: ExactlyOncePipeline, image: str, generation: int
+    pipeline: ExactlyOncePipeline, image: str, generation: int, ports: DriverPorts | None = None
 ) -> dict[str, Any]:
     """The driver pod template (without the spec-hash annotation, added by the caller)."""
+    ports = ports or default_driver_ports(pipeline)
     volumes, _ = _volumes(pipeline)
     driver = pipeline.spec.driver
     annotations = {**driver.annotations, GENERATION_ANNOTATION: str(generation)}
     if pipeline.spec.restart_nonce:
         annotations[RESTART_NONCE_ANNOTATION] = pipeline.spec.restart_nonce
     pod_spec: dict[str, Any] = {
-        "containers": [_container(pipeline, image)],
+        "containers": [_container(pipeline, image, ports)],
         "volumes": volumes,
         "terminationGracePeriodSeconds": termination_grace_seconds(pipeline),
         "securityContext": {
@@ -222,17 +263,12 @@ def render_driver_statefulset(
     }
 
 
-def render_driver_service(pipeline: ExactlyOncePipeline) -> dict[str, Any]:
-    """Headless Service: stable DNS for the driver, the Spark UI and metrics."""
-    ports = [
-        {"name": "spark-ui", "port": UI_PORT, "targetPort": "spark-ui"},
-        {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"},
-    ]
-    if pipeline.spec.spark.on_kubernetes:
-        ports += [
-            {"name": "driver-rpc", "port": DRIVER_RPC_PORT, "targetPort": "driver-rpc"},
-            {"name": "blockmanager", "port": BLOCK_MANAGER_PORT, "targetPort": "blockmanager"},
-        ]
+def render_driver_service(
+    pipeline: ExactlyOncePipeline, ports: DriverPorts | None = None
+) -> dict[str, Any]:
+    """Headless Service: stable DNS for the driver, and its declared ports (UI, metrics)."""
+    declared = (ports or default_driver_ports(pipeline)).declared(pipeline.spec.spark.on_kubernetes)
+    service_ports = [{"name": n, "port": p, "targetPort": n} for n, p in declared]
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -241,6 +277,6 @@ def render_driver_service(pipeline: ExactlyOncePipeline) -> dict[str, Any]:
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": selector_labels(pipeline),
-            "ports": ports,
+            "ports": service_ports,
         },
     }

@@ -1,0 +1,213 @@
+"""Read a pipeline's progress from Kafka: G's committed offsets and the source's end offsets.
+
+The operator uses the same client settings as the driver: the spec's
+bootstrap servers and options, plus the referenced Secrets, which it reads
+through the API (``get`` on that one Secret) instead of a mounted volume.
+Secret values go to the Kafka clients only; an error message that would
+contain one is redacted before it reaches the status or the log.
+
+The confluent-kafka calls block, so they run in a worker thread, each with a
+timeout: an unreachable broker costs one check interval and yields
+:class:`ProgressUnavailable` with a message for the status, never a storm of
+exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from eop_operator.api.models import ExactlyOncePipeline
+from eop_operator.health.stall import Observation, PartitionOffsets
+from eop_operator.kube.client import KubeClient, KubeError
+from eop_spark.client_config import sink_librdkafka_config, source_librdkafka_config
+from eop_spark.errors import EopError
+from eop_spark.offsets import EARLIEST, LATEST, TopicPartition, starting_offsets
+from eop_spark.progress import ProgressGroup
+from eop_spark.spec import KafkaSource
+
+#: Seconds each Kafka request of a check may take.
+DEFAULT_TIMEOUT_S = 10.0
+#: Secret values shorter than this are not redacted (they would match everywhere).
+_MIN_REDACTED = 4
+
+
+class ProgressUnavailable(Exception):
+    """The offsets could not be read; the message is safe to show in the status."""
+
+
+@dataclass(frozen=True)
+class KafkaAccess:
+    """librdkafka settings for the source cluster and the sink cluster (where G lives)."""
+
+    source: dict[str, str]
+    sink: dict[str, str]
+    #: Secret values, to redact from error messages.
+    secrets: tuple[str, ...] = ()
+
+    def redact(self, message: str) -> str:
+        """``message`` with every Secret value replaced by ``***``."""
+        for value in sorted(self.secrets, key=len, reverse=True):
+            if len(value) >= _MIN_REDACTED:
+                message = message.replace(value, "***")
+        return message
+
+
+async def read_secret(client: KubeClient, namespace: str, name: str) -> dict[str, str]:
+    """The properties of a Secret (one per key), decoded; raises ProgressUnavailable."""
+    try:
+        secret = await client.get("v1", "Secret", namespace, name)
+    except KubeError as exc:
+        raise ProgressUnavailable(f"cannot read Secret {name}: {exc}") from None
+    if secret is None:
+        raise ProgressUnavailable(f"Secret {name} does not exist")
+    data: Mapping[str, str] = secret.get("data") or {}
+    props = {key: base64.b64decode(value).decode() for key, value in data.items()}
+    # Files mounted from `kubectl create secret --from-file` keep one trailing newline; the
+    # driver drops it (client_config.read_secret_dir), so does the operator.
+    return {k: v[:-1] if v.endswith("\n") else v for k, v in props.items()}
+
+
+async def kafka_access(client: KubeClient, pipeline: ExactlyOncePipeline) -> KafkaAccess:
+    """The Kafka client settings of ``pipeline``, Secrets read through the API."""
+    namespace = pipeline.metadata.namespace
+    source, sink = pipeline.spec.source.kafka, pipeline.spec.sink.kafka
+    source_secret = (
+        await read_secret(client, namespace, source.secret_ref.name) if source.secret_ref else {}
+    )
+    sink_secret = (
+        await read_secret(client, namespace, sink.secret_ref.name) if sink.secret_ref else {}
+    )
+    secrets = (*source_secret.values(), *sink_secret.values())
+    access = KafkaAccess({}, {}, secrets)
+    try:
+        return KafkaAccess(
+            source=source_librdkafka_config(source, source_secret),
+            sink=sink_librdkafka_config(sink, sink_secret),
+            secrets=secrets,
+        )
+    except EopError as exc:
+        raise ProgressUnavailable(access.redact(exc.message)) from None
+
+
+def source_partitions(
+    topics: Mapping[str, Iterable[int]], source: KafkaSource
+) -> list[TopicPartition]:
+    """The partitions the pipeline reads, from the cluster's topic metadata.
+
+    ``topicPattern`` is matched against whole names as Java's ``Pattern.matches``
+    does; internal topics (``__consumer_offsets``...) never match.
+    """
+    if source.topics is not None:
+        missing = sorted(set(source.topics) - set(topics))
+        if missing:
+            raise ProgressUnavailable(f"source topic(s) {', '.join(missing)} do not exist")
+        names = list(source.topics)
+    else:
+        assert source.topic_pattern is not None  # the spec's one_of guarantees it
+        pattern = re.compile(source.topic_pattern)
+        names = sorted(t for t in topics if not t.startswith("__") and pattern.fullmatch(t))
+    return [(t, p) for t in names for p in sorted(topics[t])]
+
+
+def start_positions(
+    partitions: Iterable[TopicPartition],
+    watermarks: Mapping[TopicPartition, tuple[int, int]],
+    spec_starting: str,
+) -> dict[TopicPartition, int]:
+    """Where the pipeline starts each partition G has never committed, as an offset.
+
+    ``earliest`` is the low watermark, ``latest`` the end (nothing is owed until the
+    pipeline commits there), explicit JSON offsets are taken as they are.
+    """
+    named = starting_offsets(partitions, {}, spec_starting)
+    result = {}
+    for tp, offset in named.items():
+        low, high = watermarks[tp]
+        result[tp] = low if offset == EARLIEST else high if offset == LATEST else offset
+    return result
+
+
+def read_offsets(
+    access: KafkaAccess,
+    pipeline: ExactlyOncePipeline,
+    group: str,
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> tuple[PartitionOffsets, ...]:
+    """G's committed offsets and the source's end offsets, per source partition (blocking).
+
+    End offsets are last stable offsets (``read_committed``): input the
+    pipeline can read, as ``kafka-consumer-groups`` shows when no input
+    transaction is open.
+    """
+    from confluent_kafka import Consumer, KafkaException
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+    source = pipeline.spec.source.kafka
+    try:
+        consumer = Consumer(
+            {
+                **access.source,
+                "group.id": group,  # never subscribes, so it never joins G
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "log_level": 0,
+            }
+        )
+    except KafkaException as exc:
+        raise ProgressUnavailable(access.redact(f"invalid source client settings: {exc}")) from None
+    try:
+        metadata = consumer.list_topics(timeout=timeout)
+        topics = {name: list(t.partitions) for name, t in metadata.topics.items() if not t.error}
+        partitions = source_partitions(topics, source)
+        watermarks = {
+            (t, p): consumer.get_watermark_offsets(
+                KafkaTopicPartition(t, p), timeout=timeout, cached=False
+            )
+            for t, p in partitions
+        }
+    except KafkaException as exc:
+        raise ProgressUnavailable(
+            access.redact(f"cannot read the source at {source.bootstrap_servers}: {exc.args[0]}")
+        ) from None
+    finally:
+        consumer.close()
+    try:
+        progress = ProgressGroup(group, access.sink)
+    except KafkaException as exc:
+        raise ProgressUnavailable(access.redact(f"invalid sink client settings: {exc}")) from None
+    try:
+        committed = progress.committed(partitions, timeout=timeout)
+    except EopError as exc:
+        raise ProgressUnavailable(access.redact(exc.message)) from None
+    finally:
+        progress.close()
+    starts = start_positions(partitions, watermarks, source.starting_offsets)
+    return tuple(
+        PartitionOffsets(
+            topic=t,
+            partition=p,
+            committed=committed.get((t, p)),
+            end=watermarks[(t, p)][1],
+            start=starts[(t, p)],
+        )
+        for t, p in partitions
+    )
+
+
+async def observe_progress(
+    client: KubeClient,
+    pipeline: ExactlyOncePipeline,
+    group: str,
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> Observation:
+    """One observation of ``pipeline``'s progress; raises ProgressUnavailable with a reason."""
+    access = await kafka_access(client, pipeline)
+    partitions = await asyncio.to_thread(read_offsets, access, pipeline, group, timeout=timeout)
+    return Observation(at=time.time(), partitions=partitions)

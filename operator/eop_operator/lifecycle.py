@@ -1,0 +1,219 @@
+"""The lifecycle loop: observe a pipeline's driver, decide (pure), write status, act.
+
+:func:`drive` is what every trigger calls (a spec change, a driver pod or
+StatefulSet event, the periodic timer).  The decisions live in
+``reconcile.upgrade`` and ``reconcile.failover``; this module only reads the
+API server, writes the decision's status patch *before* acting on it (the
+write-ahead log of an upgrade in flight), posts the events and applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from eop_operator import API_VERSION, KIND, metrics
+from eop_operator.api.load import InvalidPipeline, load_pipeline
+from eop_operator.api.models import ExactlyOncePipeline, Phase
+from eop_operator.api.resolve import IdentityChanged, resolve_identity
+from eop_operator.kube.client import KubeClient
+from eop_operator.kube.events import post_event
+from eop_operator.reconcile.failover import parse_stamp
+from eop_operator.reconcile.observe import DriverState
+from eop_operator.reconcile.status import (
+    DriverObservation,
+    lifecycle_verdict,
+    ready_column,
+    status_patch,
+)
+from eop_operator.reconcile.upgrade import (
+    POLL_SECONDS,
+    RESTART_NONCE,
+    SPEC_CHANGED,
+    Action,
+    Decision,
+    Event,
+    Situation,
+    decide,
+    spec_fingerprint,
+    spec_to_run,
+)
+from eop_operator.render import MissingImage, RenderedPipeline, checkpoint_root
+from eop_operator.render.naming import RESTART_NONCE_ANNOTATION, driver_name, selector_labels
+
+#: Renders a pipeline at (checkpoint generation, resetProgress); see ``render_pipeline``.
+Renderer = Callable[[ExactlyOncePipeline, int, bool], RenderedPipeline]
+
+#: One lifecycle step at a time per pipeline: the spec, pod, StatefulSet and timer
+#: handlers all call :func:`drive`, which must not interleave for one pipeline.
+_LOCKS: dict[tuple[str, str], asyncio.Lock] = {}
+#: Decisions per :func:`drive` call before it yields to the next trigger.
+MAX_STEPS = 6
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def drive(
+    client: KubeClient,
+    namespace: str,
+    name: str,
+    render: Renderer,
+    *,
+    invalid: tuple[type[Exception], ...] = (),
+    pod: dict[str, Any] | None = None,
+) -> float | None:
+    """Take the pipeline's lifecycle steps until the next one is to wait.
+
+    Returns when to look again (the timer looks anyway).  Invalid specs (and
+    the ``invalid`` extra errors of ``render``) are left to the spec handler,
+    which reports them.  ``pod`` is a driver pod from a watch event: it may be gone
+    already, and its termination still counts.
+    """
+    lock = _LOCKS.setdefault((namespace, name), asyncio.Lock())
+    async with lock:
+        for _ in range(MAX_STEPS):
+            body = await client.get(API_VERSION, KIND, namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                _LOCKS.pop((namespace, name), None)
+                return None
+            try:
+                requeue = await _step(client, body, render, [pod] if pod else [])
+            except (InvalidPipeline, IdentityChanged, MissingImage):
+                return None
+            except invalid:
+                return None
+            if requeue is not None:
+                return requeue
+    return POLL_SECONDS
+
+
+def _template_annotation(statefulset: dict[str, Any] | None, key: str) -> str | None:
+    template = (statefulset or {}).get("spec", {}).get("template", {})
+    value = (template.get("metadata", {}).get("annotations") or {}).get(key)
+    return None if value is None else str(value)
+
+
+def _count(pipeline: ExactlyOncePipeline, events: Sequence[Event], now: datetime.datetime) -> None:
+    """Feed the operator's metrics from the events of one decision."""
+    namespace, name = pipeline.metadata.namespace, pipeline.metadata.name
+    wal = pipeline.status.upgrade
+    for event in events:
+        if event.reason == "Restarted":
+            metrics.record_restart(namespace, name, event.reason)
+        elif event.reason == "Upgraded" and wal is not None:
+            began = parse_stamp(wal.began_at or wal.started_at) if wal.started_at else now
+            seconds = max((now - began).total_seconds(), 0.0)
+            metrics.record_upgrade(namespace, name, wal.mode.value, seconds)
+
+
+async def _step(
+    client: KubeClient, body: dict[str, Any], render: Renderer, departed: list[dict[str, Any]]
+) -> float | None:
+    """One decision and its action: a float means "wait that long", None "look again now"."""
+    pipeline = load_pipeline(body)
+    identity = resolve_identity(pipeline)
+    run, running_stable = spec_to_run(pipeline)
+    namespace = pipeline.metadata.namespace
+    statefulset = await client.get("apps/v1", "StatefulSet", namespace, driver_name(pipeline))
+    selector = ",".join(f"{k}={v}" for k, v in selector_labels(pipeline).items())
+    pods = await client.list_objects("v1", "Pod", namespace, label_selector=selector)
+    nonce_changed = (
+        statefulset is not None
+        and _template_annotation(statefulset, RESTART_NONCE_ANNOTATION) != run.spec.restart_nonce
+    )
+    now = datetime.datetime.now(datetime.UTC)
+    decision = decide(
+        Situation(
+            status=pipeline.status,
+            fingerprint=spec_fingerprint(pipeline.spec),
+            spec_dump=pipeline.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+            suspend=pipeline.spec.suspend,
+            upgrade=pipeline.spec.upgrade,
+            failover=pipeline.spec.failover,
+            driver=DriverState.from_objects(statefulset, pods, departed),
+            hash_at=lambda generation, reset: render(run, generation, reset).spec_hash,
+            now=now,
+            running_stable=running_stable,
+            restart_reason=RESTART_NONCE if nonce_changed else SPEC_CHANGED,
+        )
+    )
+    await _write_status(client, body, pipeline, identity.progress_group, decision, statefulset)
+    for event in decision.events:
+        await post_event(client, body, type=event.type, reason=event.reason, message=event.message)
+    _count(pipeline, decision.events, now)
+    if decision.action is Action.APPLY:
+        *supporting, sts = render(run, decision.generation, decision.reset_progress).objects
+        sts["spec"]["replicas"] = decision.replicas
+        # Everything the driver mounts or runs as goes first; the StatefulSet last,
+        # so its pod never starts without its ConfigMap and claim.
+        await asyncio.gather(*(client.apply(obj) for obj in supporting))
+        await client.apply(sts)
+        return None
+    if decision.action is Action.STOP and statefulset is not None:
+        # A merge patch: the pod template stays the old one while the old driver stops.
+        await client.patch(
+            "apps/v1", "StatefulSet", namespace, driver_name(pipeline), {"spec": {"replicas": 0}}
+        )
+        return None
+    return decision.requeue_after
+
+
+async def _write_status(
+    client: KubeClient,
+    body: dict[str, Any],
+    pipeline: ExactlyOncePipeline,
+    group: str,
+    decision: Decision,
+    statefulset: dict[str, Any] | None,
+) -> None:
+    """Patch ``.status`` with the decision and the phase it leads to; skip no-op writes."""
+    previous = pipeline.status
+    observation = DriverObservation.from_statefulset(statefulset) if statefulset else None
+    in_flight = decision.status.get("upgrade", previous.upgrade)
+    message = decision.status.get("message") or previous.message or "upgrading"
+    verdict = lifecycle_verdict(
+        suspend=pipeline.spec.suspend,
+        driver=observation,
+        degraded=decision.degraded,
+        upgrading=message if in_flight else None,
+    )
+    ready = ready_column(observation, suspend=pipeline.spec.suspend)
+    generation = pipeline.metadata.generation
+    patch = status_patch(
+        verdict,
+        previous=previous,
+        generation=generation,
+        ready=ready,
+        now=_now(),
+        extra=decision.status,
+    )
+    unchanged = [(c["type"], c["status"], c["reason"], c["message"]) for c in patch["conditions"]]
+    before = [(c.type, c.status.value, c.reason, c.message) for c in previous.conditions]
+    if not decision.status and (
+        previous.phase,
+        previous.ready,
+        previous.observed_generation,
+        before,
+    ) == (verdict.phase, ready, generation, unchanged):
+        return
+    checkpoint = dict(patch.get("checkpoint") or {})
+    current = previous.checkpoint.generation if previous.checkpoint else 0
+    checkpoint["path"] = (
+        f"{checkpoint_root(pipeline).rstrip('/')}/gen-{checkpoint.get('generation', current)}"
+    )
+    patch.update(
+        checkpoint=checkpoint,
+        transactionalIdPrefix=resolve_identity(pipeline).transactional_id_prefix,
+        progressGroup=group,
+        commitMode=pipeline.spec.sink.kafka.commit_mode.value,
+    )
+    if verdict.phase is Phase.DEGRADED and previous.phase is not Phase.DEGRADED:
+        await post_event(client, body, type="Warning", reason="Degraded", message=verdict.message)
+    meta = pipeline.metadata
+    await client.patch(
+        API_VERSION, KIND, meta.namespace, meta.name, {"status": patch}, subresource="status"
+    )

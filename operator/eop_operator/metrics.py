@@ -1,0 +1,164 @@
+"""The operator's Prometheus metrics and its HTTP endpoints (``/metrics``, ``/healthz``).
+
+One registry, owned here; the rest of the operator records through the small
+functions below, so metric names and labels live in one place:
+
+* :func:`record_restart` — a driver restart the operator caused or saw
+  (``reason``: ``Stalled``, ``Crashed``, ``RestartNonce``...);
+* :func:`record_upgrade` — a finished upgrade, its mode and how long it took
+  (from the first stop to the new driver Ready);
+* :func:`set_phase` / :func:`forget` — the phase of each pipeline (the
+  ``eop_pipelines`` gauge counts pipelines by phase);
+* :func:`set_lag` — the pipeline's lag from the progress group;
+* :func:`set_leader` — whether this replica holds the leader lease.
+
+:func:`serve` starts the endpoints in the operator's event loop before kopf
+runs, so a standby replica answers probes and scrapes too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import urllib.parse
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from eop_operator.api.models import Phase
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+PIPELINES = Gauge("eop_pipelines", "ExactlyOncePipelines by phase.", ["phase"], registry=REGISTRY)
+LAG = Gauge(
+    "eop_pipeline_lag_records",
+    "Source records not yet visible in the sink (from the progress group).",
+    ["namespace", "pipeline"],
+    registry=REGISTRY,
+)
+RESTARTS = Counter(
+    "eop_driver_restarts",
+    "Driver restarts, by reason.",
+    ["namespace", "pipeline", "reason"],
+    registry=REGISTRY,
+)
+UPGRADES = Counter(
+    "eop_upgrades",
+    "Finished upgrades, by mode.",
+    ["namespace", "pipeline", "mode"],
+    registry=REGISTRY,
+)
+UPGRADE_SECONDS = Histogram(
+    "eop_upgrade_duration_seconds",
+    "Time from stopping the old driver to the new driver Ready.",
+    ["mode"],
+    buckets=(5, 10, 30, 60, 120, 300, 600, 1800),
+    registry=REGISTRY,
+)
+LEADER = Gauge(
+    "eop_operator_leader", "1 while this replica holds the leader lease.", registry=REGISTRY
+)
+
+_phases: dict[tuple[str, str], str] = {}
+_leader = {"now": False}
+
+
+def _recount() -> None:
+    for phase in Phase:
+        PIPELINES.labels(phase=phase.value).set(0)
+    for phase_value in _phases.values():
+        PIPELINES.labels(phase=phase_value).inc()
+
+
+def set_phase(namespace: str, name: str, phase: str | None) -> None:
+    """Record a pipeline's current phase (None: not reported yet, not counted)."""
+    if phase is None:
+        _phases.pop((namespace, name), None)
+    else:
+        _phases[(namespace, name)] = phase
+    _recount()
+
+
+def forget(namespace: str, name: str) -> None:
+    """Drop a deleted pipeline from every per-pipeline metric except the counters."""
+    _phases.pop((namespace, name), None)
+    _recount()
+    with contextlib.suppress(KeyError):
+        LAG.remove(namespace, name)
+
+
+def set_lag(namespace: str, name: str, lag: int) -> None:
+    """Record a pipeline's total lag in records."""
+    LAG.labels(namespace=namespace, pipeline=name).set(lag)
+
+
+def record_restart(namespace: str, name: str, reason: str) -> None:
+    """Count one driver restart of a pipeline, with its reason (e.g. ``Stalled``)."""
+    RESTARTS.labels(namespace=namespace, pipeline=name, reason=reason).inc()
+
+
+def record_upgrade(namespace: str, name: str, mode: str, seconds: float) -> None:
+    """Count one finished upgrade (``mode`` as in spec.upgrade.mode) and observe its duration."""
+    UPGRADES.labels(namespace=namespace, pipeline=name, mode=mode).inc()
+    UPGRADE_SECONDS.labels(mode=mode).observe(seconds)
+
+
+def set_leader(leader: bool) -> None:
+    """Record whether this replica is the one acting."""
+    _leader["now"] = leader
+    LEADER.set(1 if leader else 0)
+
+
+def exposition() -> bytes:
+    """The registry in the Prometheus text format."""
+    return generate_latest(REGISTRY)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where an HTTP endpoint listens: ``http://host:port/path``."""
+
+    host: str
+    port: int
+    path: str
+
+    @classmethod
+    def parse(cls, url: str) -> Endpoint:
+        """Parse ``http://host:port/path`` (host defaults to 0.0.0.0, path to /)."""
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "http" or parts.port is None:
+            raise ValueError(f"expected http://HOST:PORT/PATH, got {url!r}")
+        return cls(parts.hostname or "0.0.0.0", parts.port, parts.path or "/")
+
+
+async def _metrics(_: web.Request) -> web.Response:
+    return web.Response(body=exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _healthz(_: web.Request) -> web.Response:
+    # Alive means the event loop answers; kopf's own liveness would say no more (no probes).
+    return web.json_response({"status": "ok", "leader": _leader["now"]})
+
+
+async def serve(*, metrics: Endpoint | None, liveness: Endpoint | None) -> web.AppRunner:
+    """Start ``/metrics`` and the liveness endpoint in this event loop; return the runner.
+
+    Both may share one port (then one server serves both paths).  Stop them with
+    ``await runner.cleanup()``.
+    """
+    routes: dict[tuple[str, int], list[web.RouteDef]] = {}
+    if metrics is not None:
+        routes.setdefault((metrics.host, metrics.port), []).append(web.get(metrics.path, _metrics))
+    if liveness is not None:
+        routes.setdefault((liveness.host, liveness.port), []).append(
+            web.get(liveness.path, _healthz)
+        )
+    app = web.Application()
+    for defs in routes.values():
+        app.add_routes(defs)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    for host, port in routes:
+        await web.TCPSite(runner, host, port).start()
+    return runner

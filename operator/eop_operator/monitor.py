@@ -1,0 +1,190 @@
+"""kopf wiring of health from progress, and of the pipeline metrics.
+
+One daemon per pipeline checks, every ``spec.health.checkInterval``, the
+progress group against the source's end offsets (``health.progress``), folds
+the observation into its history and asks ``health.stall`` for the verdict.
+It writes ``status.lag`` and ``status.progress``, and restarts a stalled
+driver by deleting its pod (the StatefulSet recreates it) with a
+``RestartStalled`` Warning event.
+
+A pipeline is never restarted while it is suspended, while its driver is not
+Ready (a starting driver commits nothing yet) or while an upgrade is in
+flight (``status.upgrade``: the lifecycle handlers own the driver then).
+
+Registered by importing this module (``eop operator`` does).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from eop_operator import API_VERSION, GROUP, KIND, PLURAL, VERSION, metrics
+from eop_operator.api.load import InvalidPipeline, load_pipeline
+from eop_operator.api.models import ExactlyOncePipeline
+from eop_operator.api.resolve import IdentityChanged, resolve_identity
+from eop_operator.health.progress import ProgressUnavailable, observe_progress
+from eop_operator.health.stall import Health, ProgressHistory, assess, observe
+from eop_operator.kube.client import KubeClient, KubeError
+from eop_operator.kube.events import post_event
+from eop_operator.render.naming import driver_pod_name
+from eop_spark.spec import duration_ms
+
+#: How long to wait before looking again at a pipeline whose spec is invalid.
+INVALID_RETRY_S = 60.0
+#: The restart reason recorded in events and metrics.
+STALLED = "Stalled"
+
+log = logging.getLogger(__name__)
+
+
+def _stamp(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _epoch(stamp: str) -> float:
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def ready_since(pod: dict[str, Any] | None) -> float | None:
+    """When the driver pod became Ready (epoch seconds); None if it is not Ready now."""
+    if pod is None or pod.get("metadata", {}).get("deletionTimestamp"):
+        return None
+    for condition in pod.get("status", {}).get("conditions", []):
+        if condition.get("type") == "Ready" and condition.get("status") == "True":
+            stamp = condition.get("lastTransitionTime")
+            return _epoch(stamp) if stamp else 0.0
+    return None
+
+
+def progress_status(health: Health, *, checked_at: float) -> dict[str, Any]:
+    """The ``status`` fields a check writes: lag and progress (merge-patch form)."""
+    return {
+        "lag": health.lag,
+        "progress": {
+            "lag": health.lag,
+            "worstPartitions": [
+                {
+                    "topic": p.topic,
+                    "partition": p.partition,
+                    "committed": p.committed,
+                    "end": p.end,
+                    "lag": p.lag,
+                }
+                for p in health.worst
+            ],
+            "lastCommitTime": _stamp(health.last_advance) if health.last_advance else None,
+            "inputRate": None if health.input_rate is None else round(health.input_rate, 3),
+            "checkedAt": _stamp(checked_at),
+            "message": None,
+        },
+    }
+
+
+@dataclass
+class ProgressWatch:
+    """What one pipeline's daemon remembers between checks."""
+
+    history: ProgressHistory | None = None
+    #: When the daemon last restarted the driver (epoch seconds).
+    restarted_at: float | None = None
+
+
+async def _patch_status(client: KubeClient, pipeline: ExactlyOncePipeline, status: Any) -> None:
+    meta = pipeline.metadata
+    try:
+        await client.patch(
+            API_VERSION, KIND, meta.namespace, meta.name, {"status": status}, subresource="status"
+        )
+    except KubeError as exc:
+        if exc.status != 404:  # deleted meanwhile
+            raise
+
+
+async def check_progress(
+    client: KubeClient,
+    body: kopf.Body,
+    pipeline: ExactlyOncePipeline,
+    watch: ProgressWatch,
+) -> Health | None:
+    """One check: read offsets, report them, restart a stalled driver. None if unreadable."""
+    meta = pipeline.metadata
+    try:
+        group = resolve_identity(pipeline).progress_group
+        observation = await observe_progress(client, pipeline, group)
+    except (ProgressUnavailable, IdentityChanged) as exc:
+        await _patch_status(
+            client, pipeline, {"progress": {"message": str(exc), "checkedAt": _stamp(time.time())}}
+        )
+        return None
+    watch.history = observe(watch.history, observation)
+    pod_name = driver_pod_name(pipeline)
+    since = ready_since(await client.get("v1", "Pod", meta.namespace, pod_name))
+    if since is not None and watch.restarted_at is not None:
+        since = max(since, watch.restarted_at)
+    health = assess(
+        watch.history,
+        observation,
+        stall_timeout=duration_ms(pipeline.spec.health.stall_timeout) / 1000,
+        ready_since=since,
+    )
+    await _patch_status(client, pipeline, progress_status(health, checked_at=observation.at))
+    metrics.set_lag(meta.namespace, meta.name, health.lag)
+    if health.stalled and not body.get("status", {}).get("upgrade"):
+        await post_event(
+            client,
+            body,
+            type="Warning",
+            reason="RestartStalled",
+            message=f"the progress group has not advanced for {health.idle_seconds:.0f}s "
+            f"with {health.lag} records waiting; restarting driver pod {pod_name}",
+        )
+        await client.delete("v1", "Pod", meta.namespace, pod_name)
+        metrics.record_restart(meta.namespace, meta.name, STALLED)
+        watch.restarted_at = time.time()
+    return health
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+async def watch_progress(
+    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
+) -> None:
+    """Check one pipeline's progress every ``spec.health.checkInterval`` until it is deleted."""
+    watch = ProgressWatch()
+    namespace, name = body.metadata.namespace or "", body.metadata.name or ""
+    try:
+        while not stopped:
+            await _watch_once(body, memo, stopped, watch, namespace, name)
+    finally:
+        metrics.forget(namespace, name)  # deleted (or the operator stops)
+
+
+async def _watch_once(
+    body: kopf.Body,
+    memo: kopf.Memo,
+    stopped: kopf.DaemonStopped,
+    watch: ProgressWatch,
+    namespace: str,
+    name: str,
+) -> None:
+    """One round of the daemon: count the phase, check progress, sleep an interval."""
+    metrics.set_phase(namespace, name, body.get("status", {}).get("phase"))
+    try:
+        pipeline = load_pipeline(body)  # the live body: spec edits apply at the next check
+    except InvalidPipeline:
+        await stopped.wait(INVALID_RETRY_S)
+        return
+    if not pipeline.spec.suspend and not body.metadata.get("deletionTimestamp"):
+        try:
+            await check_progress(memo.client, body, pipeline, watch)
+        except (KubeError, OSError) as exc:
+            log.warning("health check of %s failed: %s", pipeline.pipeline_id, exc)
+    else:
+        # A resumed pipeline gets a fresh window.
+        watch.history, watch.restarted_at = None, None
+    await stopped.wait(duration_ms(pipeline.spec.health.check_interval) / 1000)

@@ -1,0 +1,117 @@
+"""Pure failover decisions: count driver restarts, classify terminations, back off.
+
+The StatefulSet (and the kubelet) restart a driver that dies; the operator
+counts those restarts within a window, reads why the driver stopped from its
+termination message (``eop: error: [Reason] ...``, see ``eop_spark.reasons``)
+and decides whether the pipeline is Degraded or needs a new checkpoint
+generation.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+from eop_operator.api.models import FailoverSpec, FailoverStatus
+from eop_operator.reconcile.observe import PodObservation, Termination
+from eop_spark.errors import EXIT_CONFIG
+from eop_spark.reasons import FailureReason, parse_failure_line
+from eop_spark.spec import duration_ms
+
+#: How many driver pods' termination counts are remembered.
+SEEN_PODS = 16
+#: Reasons after which restarting the same driver cannot help.
+HOPELESS = frozenset({FailureReason.CONFIG_ERROR})
+#: Reasons a new checkpoint generation (from the progress group) repairs.
+CHECKPOINT_REASONS = frozenset(
+    {FailureReason.INCOMPATIBLE_CHECKPOINT, FailureReason.CORRUPT_CHECKPOINT}
+)
+
+
+def stamp(now: datetime.datetime) -> str:
+    """The status' time format (RFC 3339, seconds)."""
+    return now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_stamp(text: str) -> datetime.datetime:
+    """Read a time written by :func:`stamp`."""
+    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+
+
+def classify(termination: Termination) -> tuple[FailureReason, str]:
+    """The reason and message of a driver termination."""
+    reason, message = parse_failure_line(termination.message)
+    if reason is None:
+        reason = FailureReason.CONFIG_ERROR if termination.exit_code == EXIT_CONFIG else None
+    return reason or FailureReason.FAILED, message
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A driver termination the operator has not counted before."""
+
+    pod: str
+    spec_hash: str | None
+    reason: FailureReason
+    message: str
+
+
+@dataclass(frozen=True)
+class Counted:
+    """The failover status after counting, and what was new."""
+
+    status: FailoverStatus
+    new: tuple[Failure, ...]
+
+
+def count_failures(
+    previous: FailoverStatus,
+    pods: tuple[PodObservation, ...],
+    *,
+    now: datetime.datetime,
+    spec: FailoverSpec,
+) -> Counted:
+    """Count the terminations of ``pods`` not seen before; keep those within the window.
+
+    A pod's failures are its container restarts plus a termination happening now
+    (or a Failed pod), tracked per pod uid (the last ``SEEN_PODS`` pods), so each
+    is counted once however often, and however late, the operator looks.
+    """
+    window = datetime.timedelta(milliseconds=duration_ms(spec.window))
+    # Pods that are gone stay remembered for a while: a late watch event must not count twice.
+    seen: dict[str, int] = dict(list(previous.seen.items())[-SEEN_PODS:])
+    recent = [t for t in previous.recent if now - parse_stamp(t) <= window]
+    new: list[Failure] = []
+    status = previous
+    for pod in pods:
+        total = pod.failures
+        before = previous.seen.get(pod.uid, 0)
+        if total > before:
+            seen.pop(pod.uid, None)  # most recent last
+            seen[pod.uid] = total
+        if total <= before or pod.termination is None:
+            continue
+        reason, message = classify(pod.termination)
+        new.append(Failure(pod.name, pod.spec_hash, reason, message))
+        recent.extend([stamp(now)] * (total - before))
+        status = status.model_copy(
+            update={
+                "restarts": status.restarts + total - before,
+                "last_reason": reason.value,
+                "last_message": message,
+            }
+        )
+    return Counted(status.model_copy(update={"recent": recent, "seen": seen}), tuple(new))
+
+
+def crash_looping(status: FailoverStatus, spec: FailoverSpec) -> bool:
+    """More restarts within the window than ``maxRestarts`` allows."""
+    return len(status.recent) > spec.max_restarts
+
+
+def backoff_seconds(status: FailoverStatus, spec: FailoverSpec) -> float:
+    """Delay before the operator restarts a failed driver: doubles per recent restart."""
+    initial = duration_ms(spec.backoff) / 1000
+    ceiling = duration_ms(spec.max_backoff) / 1000
+    exponent = max(0, len(status.recent) - 1)
+    return float(min(ceiling, initial * 2 ** min(exponent, 30)))

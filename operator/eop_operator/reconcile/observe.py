@@ -1,0 +1,125 @@
+"""What the operator sees of a driver: its StatefulSet and pods, read into plain values.
+
+Pure: Kubernetes objects (dicts) in, frozen dataclasses out, so the lifecycle
+decisions can be tested without an API server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from eop_operator.render.naming import GENERATION_ANNOTATION, SPEC_HASH_ANNOTATION
+
+
+@dataclass(frozen=True)
+class Termination:
+    """The last time the driver container ended."""
+
+    exit_code: int
+    message: str
+    #: Whether it ended right now (state.terminated) rather than before a restart.
+    current: bool = False
+
+
+@dataclass(frozen=True)
+class PodObservation:
+    """One driver pod."""
+
+    name: str
+    uid: str
+    phase: str = "Pending"
+    ready: bool = False
+    spec_hash: str | None = None
+    generation: int | None = None
+    deleting: bool = False
+    restart_count: int = 0
+    termination: Termination | None = None
+
+    @property
+    def failures(self) -> int:
+        """How many times this pod's driver has ended with an error so far."""
+        ended_now = self.termination is not None and self.termination.current
+        failed_now = ended_now and self.termination is not None and self.termination.exit_code != 0
+        failed_pod = self.phase == "Failed" and not ended_now
+        return self.restart_count + (1 if failed_now or failed_pod else 0)
+
+    @classmethod
+    def from_pod(cls, pod: dict[str, Any]) -> PodObservation:
+        """Read a core/v1 Pod."""
+        meta, status = pod.get("metadata", {}), pod.get("status", {})
+        annotations = meta.get("annotations") or {}
+        conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+        containers = [c for c in status.get("containerStatuses") or [] if c.get("name") == "driver"]
+        restarts, termination = 0, None
+        if containers:
+            container = containers[0]
+            restarts = int(container.get("restartCount", 0))
+            now = (container.get("state") or {}).get("terminated")
+            before = (container.get("lastState") or {}).get("terminated")
+            ended = now or before
+            if ended:
+                termination = Termination(
+                    exit_code=int(ended.get("exitCode", 1)),
+                    message=str(ended.get("message") or ended.get("reason") or ""),
+                    current=now is not None,
+                )
+        generation = annotations.get(GENERATION_ANNOTATION)
+        return cls(
+            name=meta.get("name", ""),
+            uid=meta.get("uid", ""),
+            phase=status.get("phase", "Pending"),
+            ready=conditions.get("Ready") == "True",
+            spec_hash=annotations.get(SPEC_HASH_ANNOTATION),
+            generation=int(generation) if generation is not None else None,
+            deleting=meta.get("deletionTimestamp") is not None,
+            restart_count=restarts,
+            termination=termination,
+        )
+
+
+@dataclass(frozen=True)
+class DriverState:
+    """The driver StatefulSet (None fields when it does not exist) and its pods."""
+
+    exists: bool = False
+    replicas: int = 0
+    template_hash: str | None = None
+    pods: tuple[PodObservation, ...] = field(default_factory=tuple)
+    #: Pods already gone that a watch event showed ending (counted as restarts only).
+    departed: tuple[PodObservation, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_objects(
+        cls,
+        statefulset: dict[str, Any] | None,
+        pods: list[dict[str, Any]],
+        departed: list[dict[str, Any]] = [],  # noqa: B006 (never mutated)
+    ) -> DriverState:
+        """Read the StatefulSet, the pods it selects and pods seen ending that are gone.
+
+        The StatefulSet controller replaces a Failed pod at once, often before the
+        operator lists the pods; the pod from the watch event keeps that failure.
+        """
+        observed = tuple(PodObservation.from_pod(p) for p in pods)
+        uids = {p.uid for p in observed}
+        gone = tuple(
+            pod
+            for pod in (PodObservation.from_pod(p) for p in departed)
+            if pod.uid not in uids and pod.failures
+        )
+        if statefulset is None:
+            return cls(pods=observed, departed=gone)
+        template = statefulset.get("spec", {}).get("template", {})
+        annotations = template.get("metadata", {}).get("annotations") or {}
+        return cls(
+            exists=True,
+            replicas=int(statefulset.get("spec", {}).get("replicas", 1)),
+            template_hash=annotations.get(SPEC_HASH_ANNOTATION),
+            pods=observed,
+            departed=gone,
+        )
+
+    def ready_with(self, spec_hash: str | None) -> bool:
+        """Whether a pod of ``spec_hash`` is Ready."""
+        return any(p.ready and not p.deleting and p.spec_hash == spec_hash for p in self.pods)

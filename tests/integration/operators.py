@@ -1,0 +1,127 @@
+"""Operator processes for integration tests: the chart's RBAC, `eop operator` as a subprocess.
+
+``install_chart`` installs a release (CRD, RBAC, ServiceAccount) and returns a kubeconfig
+that authenticates as the release's ServiceAccount, so the operator runs with exactly the
+chart's permissions. :class:`OperatorProcess` runs ``eop operator`` with it, serves liveness
+and metrics on free ports, and can be killed like a crashed pod.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from devenv.kube import ControlPlane
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "eop"
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def install_chart(cp: ControlPlane, release: str, namespace: str) -> Path:
+    """Install the chart as ``release`` in ``namespace``; the ServiceAccount's kubeconfig."""
+    cp.helm(
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--create-namespace",
+        "--wait=false",
+        check=True,
+    )
+    accounts = json.loads(
+        cp.kubectl(
+            "get",
+            "serviceaccounts",
+            "-n",
+            namespace,
+            "-l",
+            f"app.kubernetes.io/instance={release}",
+            "-o",
+            "json",
+            check=True,
+        ).stdout
+    )["items"]
+    (account,) = accounts
+    return cp.service_account_kubeconfig(namespace, account["metadata"]["name"])
+
+
+class OperatorProcess:
+    """One ``eop operator`` subprocess, its log, and its liveness and metrics endpoints."""
+
+    def __init__(self, kubeconfig: Path, log: Path, *args: str, pod_name: str = "op") -> None:
+        self.log = log
+        self.health_port = free_port()
+        self.metrics_port = free_port()
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAME": pod_name}
+        with log.open("w") as sink:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "eop_operator.cli",
+                    "operator",
+                    "--default-image",
+                    "localhost/eop-spark:test",
+                    "--liveness",
+                    f"http://127.0.0.1:{self.health_port}/healthz",
+                    "--metrics-port",
+                    str(self.metrics_port),
+                    *args,
+                ],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+
+    def text(self) -> str:
+        """The log so far."""
+        return self.log.read_text()
+
+    def _get(self, port: int, path: str) -> str | None:
+        assert self.proc.poll() is None, f"operator exited:\n{self.text()[-3000:]}"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+                return str(response.read().decode())
+        except OSError:
+            return None
+
+    def alive(self) -> bool:
+        """Whether the liveness endpoint answers (asserts the process has not exited)."""
+        return self._get(self.health_port, "/healthz") is not None
+
+    def metric(self, name: str) -> float | None:
+        """The value of an unlabelled metric, or of the first sample starting with ``name``."""
+        text = self._get(self.metrics_port, "/metrics") or ""
+        for line in text.splitlines():
+            if line.startswith(name) and not line.startswith("#"):
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+    def kill(self) -> None:
+        """SIGKILL, like a node dying under the pod: no cleanup, no lease release."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        """SIGTERM and wait (a no-op once the process is gone)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()

@@ -1,0 +1,570 @@
+"""The driver lifecycle on a real API server: upgrades, WAL recovery, rollback, fallback,
+crash loops, suspend/resume and restartNonce.
+
+etcd, kube-apiserver and kube-controller-manager are real (its StatefulSet
+controller creates and deletes the driver pods); no kubelet runs, so the test
+plays the kubelet: it marks pods Ready, makes them fail with a termination
+message, and holds a pod in Terminating with a finalizer.  A watch on the
+driver pods runs for each whole test and checks that no two exist at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from devenv.kube import ControlPlane
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "crds" / "exactlyoncepipelines.exactlyonce.io.yaml"
+HASH = "exactlyonce.io/spec-hash"
+HOLD = "eop.test/hold"
+
+pytestmark = pytest.mark.kube
+
+T = TypeVar("T")
+
+
+def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
+    """Poll ``probe`` until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Operator:
+    """``eop operator`` as a subprocess watching one namespace; can be SIGKILLed and restarted."""
+
+    def __init__(self, cp: ControlPlane, namespace: str, log: Path) -> None:
+        self.cp, self.namespace, self.log = cp, namespace, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        port = _free_port()
+        with self.log.open("a") as sink:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "eop_operator.cli",
+                    "operator",
+                    "--namespace",
+                    self.namespace,
+                    "--default-image",
+                    "localhost/eop-spark:test",
+                    "--liveness",
+                    f"http://127.0.0.1:{port}/healthz",
+                ],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                env=self.cp.env(),
+            )
+
+        def alive() -> bool:
+            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                    return True
+            except OSError:
+                return False
+
+        wait_for(alive, "the operator's liveness endpoint")
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no handler finishes."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+class PodWatch:
+    """Watches the driver pods of a pipeline for a whole test; records the most alive at once."""
+
+    def __init__(self, cp: ControlPlane, namespace: str, name: str) -> None:
+        self.alive: dict[str, str] = {}  # uid -> spec hash
+        self.created: list[tuple[str, str]] = []  # (uid, spec hash) in creation order
+        self.most = 0
+        self.overlaps: list[dict[str, str]] = []
+        self.proc = subprocess.Popen(
+            [
+                str(cp.kubectl_path),
+                f"--kubeconfig={cp.kubeconfig}",
+                "get",
+                "pods",
+                "-n",
+                namespace,
+                "-l",
+                f"exactlyonce.io/pipeline={name}",
+                "--watch",
+                "--output-watch-events",
+                "-o",
+                "json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        decoder, buffer = json.JSONDecoder(), ""
+        for line in self.proc.stdout:
+            buffer += line
+            while buffer.strip():
+                try:
+                    event, end = decoder.raw_decode(buffer.lstrip())
+                except ValueError:
+                    break
+                buffer = buffer.lstrip()[end:]
+                self._record(event)
+
+    def _record(self, event: dict[str, Any]) -> None:
+        pod = event["object"]
+        uid = pod["metadata"]["uid"]
+        spec_hash = pod["metadata"].get("annotations", {}).get(HASH, "")
+        if event["type"] == "DELETED":
+            self.alive.pop(uid, None)
+            return
+        if uid not in self.alive and event["type"] == "ADDED":
+            self.created.append((uid, spec_hash))
+        self.alive[uid] = spec_hash
+        self.most = max(self.most, len(self.alive))
+        if len(self.alive) > 1:
+            self.overlaps.append(dict(self.alive))
+
+    def hashes(self) -> list[str]:
+        """Spec hashes of the pods created, in order, without repeats."""
+        seen: list[str] = []
+        for _, spec_hash in self.created:
+            if not seen or seen[-1] != spec_hash:
+                seen.append(spec_hash)
+        return seen
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        assert self.most <= 1, f"two driver pods at once: {self.overlaps[:3]}"
+
+
+@pytest.fixture(scope="module")
+def crd(control_plane: ControlPlane) -> None:
+    """The generated CRD (server-side, so a chart-installed copy is simply taken over)."""
+    control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD), check=True)
+    control_plane.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "crd/exactlyoncepipelines.exactlyonce.io",
+        check=True,
+    )
+
+
+@pytest.fixture
+def operator(
+    control_plane: ControlPlane, crd: None, kube_namespace: str, tmp_path: Path
+) -> Iterator[Operator]:
+    """A running operator for the test's namespace."""
+    op = Operator(control_plane, kube_namespace, tmp_path / "operator.log")
+    op.start()
+    yield op
+    op.stop()
+    text = op.log.read_text()
+    assert "Traceback" not in text, text[-5000:]
+
+
+class Pipeline:
+    """One pipeline under test, with the kubelet's part played by the test."""
+
+    def __init__(self, cp: ControlPlane, namespace: str, name: str, **spec: Any) -> None:
+        self.cp, self.ns, self.name = cp, namespace, name
+        self.spec: dict[str, Any] = {
+            "source": {"kafka": {"bootstrapServers": "127.0.0.1:9092", "topics": ["raw"]}},
+            "transform": {"sql": "SELECT key, value FROM source"},
+            "sink": {"kafka": {"bootstrapServers": "127.0.0.1:9092", "topic": "out"}},
+            **spec,
+        }
+        self.watch = PodWatch(cp, namespace, name)
+
+    def apply(self) -> None:
+        manifest = {
+            "apiVersion": "exactlyonce.io/v1alpha1",
+            "kind": "ExactlyOncePipeline",
+            "metadata": {"name": self.name, "namespace": self.ns},
+            "spec": self.spec,
+        }
+        self.cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=True)
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        result = self.cp.kubectl("get", kind, name, "-n", self.ns, "-o", "json")
+        return json.loads(result.stdout) if result.returncode == 0 else None
+
+    def status(self) -> dict[str, Any]:
+        return dict((self.get("eop", self.name) or {}).get("status", {}))
+
+    def run_json(self) -> dict[str, Any]:
+        config_map = self.get("configmap", f"{self.name}-config")
+        assert config_map is not None
+        return dict(json.loads(config_map["data"]["run.json"]))
+
+    def statefulset(self) -> dict[str, Any]:
+        sts = self.get("statefulset", f"{self.name}-driver")
+        assert sts is not None
+        return sts
+
+    def pod(self) -> dict[str, Any] | None:
+        return self.get("pod", f"{self.name}-driver-0")
+
+    def events(self) -> list[str]:
+        items = json.loads(
+            self.cp.kubectl(
+                "get",
+                "events",
+                "-n",
+                self.ns,
+                "--field-selector",
+                f"involvedObject.name={self.name},involvedObject.kind=ExactlyOncePipeline",
+                "-o",
+                "json",
+                check=True,
+            ).stdout
+        )["items"]
+        ordered = sorted(
+            items, key=lambda e: (e.get("firstTimestamp") or "", e["metadata"]["name"])
+        )
+        return [e["reason"] for e in ordered]
+
+    def wait_event(self, reason: str, timeout: float = 60) -> None:
+        wait_for(lambda: reason in self.events(), f"event {reason}", timeout)
+
+    def pod_of(self, spec_hash: str, timeout: float = 60) -> dict[str, Any]:
+        """Wait for the driver pod of ``spec_hash``."""
+
+        def probe() -> dict[str, Any] | None:
+            pod = self.pod()
+            meta = (pod or {}).get("metadata", {})
+            if meta.get("annotations", {}).get(HASH) == spec_hash and not meta.get(
+                "deletionTimestamp"
+            ):
+                return pod
+            return None
+
+        try:
+            return wait_for(probe, f"a driver pod of spec hash {spec_hash}", timeout)
+        except AssertionError as exc:
+            seen = json.dumps({"status": self.status(), "events": self.events()}, indent=1)
+            raise AssertionError(f"{exc}; the pipeline: {seen[:4000]}") from None
+
+    def _status_patch(self, pod: str, status: dict[str, Any]) -> None:
+        self.cp.kubectl(
+            "patch",
+            "pod",
+            pod,
+            "-n",
+            self.ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": status}),
+            check=True,
+        )
+
+    def make_ready(self, spec_hash: str) -> None:
+        """The kubelet's part: the driver container runs and is Ready."""
+        pod = self.pod_of(spec_hash)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self._status_patch(
+            pod["metadata"]["name"],
+            {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
+                "containerStatuses": [
+                    {
+                        "name": "driver",
+                        "ready": True,
+                        "restartCount": 0,
+                        "image": "localhost/eop-spark:test",
+                        "imageID": "",
+                        "state": {"running": {"startedAt": now}},
+                    }
+                ],
+            },
+        )
+
+    def fail(self, spec_hash: str, message: str, exit_code: int = 4) -> str:
+        """The driver exits with ``message`` in its termination log; returns the pod uid."""
+        pod = self.pod_of(spec_hash)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self._status_patch(
+            pod["metadata"]["name"],
+            {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {
+                        "name": "driver",
+                        "ready": False,
+                        "restartCount": 0,
+                        "image": "localhost/eop-spark:test",
+                        "imageID": "",
+                        "state": {
+                            "terminated": {
+                                "exitCode": exit_code,
+                                "message": message,
+                                "startedAt": now,
+                                "finishedAt": now,
+                            }
+                        },
+                    }
+                ],
+            },
+        )
+        return str(pod["metadata"]["uid"])
+
+    def running(self) -> str:
+        """Play the kubelet until the driver of the current spec runs; return its spec hash."""
+
+        def target() -> str | None:
+            status = self.status()
+            upgrade = status.get("upgrade")
+            if upgrade is None:
+                return status.get("specHash")
+            return upgrade["toHash"] if upgrade["step"] == "Starting" else None
+
+        spec_hash = wait_for(target, "the new driver to be applied")
+        self.make_ready(spec_hash)
+        wait_for(
+            lambda: self.status().get("phase") == "Running" and not self.status().get("upgrade"),
+            "phase Running",
+        )
+        return spec_hash
+
+    def template_hash(self) -> str:
+        return str(self.statefulset()["spec"]["template"]["metadata"]["annotations"][HASH])
+
+
+@pytest.fixture
+def pipeline(
+    control_plane: ControlPlane, kube_namespace: str, operator: Operator
+) -> Iterator[Callable[..., Pipeline]]:
+    made: list[Pipeline] = []
+
+    def make(name: str, **spec: Any) -> Pipeline:
+        p = Pipeline(control_plane, kube_namespace, name, **spec)
+        made.append(p)
+        p.apply()
+        return p
+
+    yield make
+    for p in made:
+        p.watch.close()
+
+
+def test_each_upgrade_mode_restarts_the_driver_as_documented(
+    pipeline: Callable[..., Pipeline],
+) -> None:
+    p = pipeline("modes")
+    first = p.running()
+    assert p.status()["checkpoint"]["generation"] == 0
+    assert "Submitted" in p.events()
+
+    # last-state: graceful stop, then the same checkpoint generation.
+    p.spec["transform"]["sql"] = "SELECT key, upper(value) AS value FROM source"
+    p.apply()
+    p.wait_event("Upgrading")
+    second = p.running()
+    assert second != first
+    run = p.run_json()
+    assert run["generation"] == 0 and "resetProgress" not in run
+    assert run["transform"]["sql"].startswith("SELECT key, upper")
+    assert p.statefulset()["spec"]["replicas"] == 1
+
+    # committed-offsets: a new generation that starts from the progress group.
+    p.spec["upgrade"] = {"mode": "committed-offsets"}
+    p.spec["transform"]["sql"] = "SELECT key, lower(value) AS value FROM source"
+    p.apply()
+    third = p.running()
+    run = p.run_json()
+    assert run["generation"] == 1 and "resetProgress" not in run
+    assert p.status()["checkpoint"] == {
+        "generation": 1,
+        "path": "/var/lib/eop/checkpoint/gen-1",
+        "resetProgress": False,
+    }
+
+    # stateless: a new generation that reprocesses from startingOffsets, and says so.
+    p.spec["upgrade"] = {"mode": "stateless"}
+    p.spec["transform"]["sql"] = "SELECT key, value FROM source WHERE value IS NOT NULL"
+    p.apply()
+    fourth = p.running()
+    run = p.run_json()
+    assert run["generation"] == 2 and run["resetProgress"] is True
+    assert p.status()["checkpoint"]["resetProgress"] is True
+    assert p.events().count("Upgraded") == 3
+    # Each new driver was created only after the previous one was gone.
+    assert p.watch.hashes() == [first, second, third, fourth]
+
+
+def test_an_operator_killed_mid_upgrade_finishes_it_with_one_driver(
+    pipeline: Callable[..., Pipeline], operator: Operator
+) -> None:
+    p = pipeline("wal", upgrade={"mode": "committed-offsets"})
+    old = p.running()
+    old_pod = p.pod_of(old)
+    # The old driver takes its time to stop (a batch in flight): hold it in Terminating.
+    p.cp.kubectl(
+        "patch",
+        "pod",
+        old_pod["metadata"]["name"],
+        "-n",
+        p.ns,
+        "--type=merge",
+        "-p",
+        json.dumps({"metadata": {"finalizers": [HOLD]}}),
+        check=True,
+    )
+    p.spec["transform"]["sql"] = "SELECT key, upper(value) AS value FROM source"
+    p.apply()
+    wait_for(lambda: (p.status().get("upgrade") or {}).get("step") == "Stopping", "step Stopping")
+    wait_for(lambda: (p.pod() or {}).get("metadata", {}).get("deletionTimestamp"), "terminating")
+    operator.kill()
+
+    # The old driver finally stops while no operator runs; a new operator takes over.
+    p.cp.kubectl(
+        "patch",
+        "pod",
+        old_pod["metadata"]["name"],
+        "-n",
+        p.ns,
+        "--type=merge",
+        "-p",
+        json.dumps({"metadata": {"finalizers": None}}),
+        check=True,
+    )
+    operator.start()
+    wait_for(lambda: (p.status().get("upgrade") or {}).get("step") == "Starting", "step Starting")
+    # Killed again while the new driver starts: the next operator still completes.
+    operator.kill()
+    operator.start()
+    new = p.running()
+    assert new != old
+    assert p.run_json()["generation"] == 1
+    assert p.events().count("Upgraded") == 1
+    assert p.watch.hashes() == [old, new]
+
+
+def test_a_driver_not_ready_in_time_is_rolled_back(pipeline: Callable[..., Pipeline]) -> None:
+    p = pipeline("rollback", upgrade={"rollback": True, "readinessTimeout": "5s"})
+    stable = p.running()
+    wait_for(lambda: p.status().get("lastStableSpec"), "the stable spec")
+    p.spec["transform"]["sql"] = "SELECT key, broken(value) AS value FROM source"
+    p.apply()
+    wait_for(lambda: p.status().get("specHash") not in (None, stable), "the new driver")
+    p.wait_event("RolledBack", timeout=60)
+    rolled_back = p.running()
+    run = p.run_json()
+    assert run["transform"]["sql"] == "SELECT key, value FROM source"
+    assert run["generation"] == 1  # a new generation from the progress group
+    status = p.status()
+    assert status["rolledBackFingerprint"] and status["phase"] == "Running"
+    assert rolled_back != stable  # same spec, next generation
+
+
+def test_an_incompatible_checkpoint_falls_back_to_committed_offsets(
+    pipeline: Callable[..., Pipeline],
+) -> None:
+    p = pipeline("fallback")
+    p.running()
+    p.spec["transform"]["sql"] = "SELECT key, count(*) AS value FROM source GROUP BY key"
+    p.spec["transform"]["outputMode"] = "update"
+    p.apply()
+    new = wait_for(
+        lambda: (
+            (p.status().get("upgrade") or {}).get("step") == "Starting"
+            and p.status()["upgrade"]["toHash"]
+        ),
+        "the new driver",
+    )
+    p.fail(new, "eop: error: [IncompatibleCheckpoint] Provided schema doesn't match")
+    p.wait_event("FellBack")
+    p.running()
+    assert p.run_json()["generation"] == 1
+    assert "Restarted" in p.events()
+
+
+def test_a_crash_looping_driver_is_degraded(pipeline: Callable[..., Pipeline]) -> None:
+    p = pipeline("crashy", failover={"maxRestarts": 2, "window": "10m"})
+    spec_hash = p.running()
+    for attempt in range(3):
+        failed = p.fail(spec_hash, f"eop: error: [Failed] broker went away ({attempt})")
+
+        def replaced(failed: str = failed) -> bool:
+            # The StatefulSet controller replaces the failed pod.
+            return (p.pod() or {}).get("metadata", {}).get("uid") not in (None, failed)
+
+        wait_for(replaced, "a replacement pod")
+    status = wait_for(
+        lambda: p.status().get("phase") == "Degraded" and p.status(), "phase Degraded"
+    )
+    assert status["failover"]["restarts"] == 3
+    assert "broker went away (2)" in status["failover"]["lastMessage"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "CrashLoop"
+    p.wait_event("Degraded")
+    assert p.events().count("Restarted") == 3
+
+
+def test_suspend_resume_and_restart_nonce(pipeline: Callable[..., Pipeline]) -> None:
+    p = pipeline("pause")
+    first = p.running()
+    p.spec["suspend"] = True
+    p.apply()
+    wait_for(lambda: p.status().get("phase") == "Suspended" and p.pod() is None, "Suspended")
+    assert p.statefulset()["spec"]["replicas"] == 0
+    p.wait_event("Suspended")
+
+    p.spec["suspend"] = False
+    p.apply()
+    p.wait_event("Resumed")
+    assert p.running() == first  # the same driver spec and checkpoint generation
+    assert p.run_json()["generation"] == 0
+
+    p.spec["restartNonce"] = "1"
+    p.apply()
+    restarted = p.running()
+    assert restarted != first
+    assert p.run_json()["generation"] == 0  # last-state: the same checkpoint
+    upgraded = [e for e in p.events() if e in ("Upgrading", "Upgraded")]
+    assert upgraded == ["Upgrading", "Upgraded"]
+    assert p.watch.hashes() == [first, restarted]

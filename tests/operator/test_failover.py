@@ -1,0 +1,111 @@
+"""Failover decisions: counting restarts once, the window, backoff, termination reasons."""
+
+from __future__ import annotations
+
+import datetime
+
+from eop_operator.api.models import FailoverSpec, FailoverStatus
+from eop_operator.reconcile.failover import (
+    backoff_seconds,
+    classify,
+    count_failures,
+    crash_looping,
+    stamp,
+)
+from eop_operator.reconcile.observe import DriverState, PodObservation, Termination
+from eop_spark.reasons import FailureReason
+
+NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
+SPEC = FailoverSpec(max_restarts=2, window="10m", backoff="10s", max_backoff="1m")
+
+
+def crashed(uid: str, restarts: int, message: str = "eop: error: [Failed] boom") -> PodObservation:
+    return PodObservation(
+        name="p-driver-0", uid=uid, restart_count=restarts, termination=Termination(4, message)
+    )
+
+
+def test_each_restart_is_counted_once_however_often_it_is_seen() -> None:
+    first = count_failures(FailoverStatus(), (crashed("a", 1),), now=NOW, spec=SPEC)
+    assert first.status.restarts == 1 and len(first.new) == 1
+    again = count_failures(first.status, (crashed("a", 1),), now=NOW, spec=SPEC)
+    assert again.status.restarts == 1 and again.new == ()
+    # The pod is gone, then a late event shows it again: still not counted twice.
+    gone = count_failures(again.status, (), now=NOW, spec=SPEC)
+    late = count_failures(gone.status, (crashed("a", 1),), now=NOW, spec=SPEC)
+    assert late.status.restarts == 1 and late.new == ()
+    more = count_failures(late.status, (crashed("a", 3),), now=NOW, spec=SPEC)
+    assert more.status.restarts == 3 and len(more.status.recent) == 3
+
+
+def test_restarts_outside_the_window_do_not_count_toward_degraded() -> None:
+    counted = count_failures(FailoverStatus(), (crashed("a", 3),), now=NOW, spec=SPEC)
+    assert crash_looping(counted.status, SPEC)
+    later = NOW + datetime.timedelta(minutes=11)
+    aged = count_failures(counted.status, (), now=later, spec=SPEC)
+    assert aged.status.restarts == 3 and aged.status.recent == []
+    assert not crash_looping(aged.status, SPEC)
+
+
+def test_backoff_doubles_up_to_the_maximum() -> None:
+    def after(restarts: int) -> float:
+        recent = [stamp(NOW)] * restarts
+        return backoff_seconds(FailoverStatus(recent=recent), SPEC)
+
+    assert [after(n) for n in (0, 1, 2, 3, 4, 5)] == [10, 10, 20, 40, 60, 60]
+
+
+def test_a_failed_pod_counts_and_a_clean_exit_does_not() -> None:
+    failed = PodObservation(name="p", uid="b", phase="Failed")
+    assert failed.failures == 1
+    stopped = PodObservation(name="p", uid="c", termination=Termination(0, "", current=True))
+    assert stopped.failures == 0
+
+
+def test_termination_reasons_are_read_from_the_message() -> None:
+    assert classify(Termination(4, "eop: error: [IncompatibleCheckpoint] schema"))[0] is (
+        FailureReason.INCOMPATIBLE_CHECKPOINT
+    )
+    reason, message = classify(Termination(4, "eop: error: [CorruptCheckpoint] bad log"))
+    assert reason is FailureReason.CORRUPT_CHECKPOINT and message == "bad log"
+    # Without a token (an older runner, an OOM kill) the exit code decides.
+    assert classify(Termination(2, "eop: error: invalid run config"))[0] is (
+        FailureReason.CONFIG_ERROR
+    )
+    assert classify(Termination(137, "OOMKilled"))[0] is FailureReason.FAILED
+
+
+def test_pods_are_read_from_the_api_objects() -> None:
+    pod = {
+        "metadata": {
+            "name": "p-driver-0",
+            "uid": "u",
+            "annotations": {
+                "exactlyonce.io/spec-hash": "h",
+                "exactlyonce.io/checkpoint-generation": "2",
+            },
+        },
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [
+                {
+                    "name": "driver",
+                    "restartCount": 2,
+                    "lastState": {"terminated": {"exitCode": 4, "message": "eop: error: x"}},
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                }
+            ],
+        },
+    }
+    observed = PodObservation.from_pod(pod)
+    assert observed.spec_hash == "h" and observed.generation == 2 and not observed.ready
+    assert observed.failures == 2 and observed.termination == Termination(4, "eop: error: x")
+    sts = {
+        "spec": {
+            "replicas": 1,
+            "template": {"metadata": {"annotations": {"exactlyonce.io/spec-hash": "h"}}},
+        }
+    }
+    state = DriverState.from_objects(sts, [pod], departed=[pod])
+    assert state.template_hash == "h" and state.departed == ()  # still listed: not departed

@@ -1,0 +1,345 @@
+"""Health from progress, the pure parts: lag, worst partitions, input rate, stall verdicts,
+which partitions a pipeline reads and where unseen ones start, secret redaction, the leader
+lease rules and the operator's metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import urllib.request
+from typing import Any
+
+import pytest
+
+from eop_operator import metrics
+from eop_operator.api.load import load_pipeline
+from eop_operator.health.progress import (
+    KafkaAccess,
+    ProgressUnavailable,
+    source_partitions,
+    start_positions,
+)
+from eop_operator.health.stall import (
+    Observation,
+    PartitionOffsets,
+    ProgressHistory,
+    advanced,
+    assess,
+    input_rate,
+    observe,
+    worst_partitions,
+)
+from eop_operator.kube.lease import LeaseAction, LeaseRecord, decide
+from eop_operator.monitor import progress_status, ready_since
+from eop_spark.spec import KafkaSource
+
+WINDOW = 300.0
+
+
+def part(p: int, committed: int | None, end: int, *, start: int = 0, topic: str = "in") -> Any:
+    return PartitionOffsets(topic, p, committed, end, start)
+
+
+def obs(at: float, *partitions: PartitionOffsets) -> Observation:
+    return Observation(at, tuple(partitions))
+
+
+def fold(*observations: Observation) -> ProgressHistory:
+    history = None
+    for o in observations:
+        history = observe(history, o)
+    assert history is not None
+    return history
+
+
+# --- lag ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("committed", "end", "start", "lag"),
+    [
+        (10, 15, 0, 5),  # behind
+        (15, 15, 0, 0),  # caught up
+        (None, 15, 0, 15),  # never committed, starts at earliest (0)
+        (None, 15, 15, 0),  # never committed, starts at latest: nothing owed
+        (None, 15, 20, 0),  # explicit start past the end
+        (20, 15, 0, 0),  # G ahead of the end (topic recreated): never negative
+    ],
+)
+def test_partition_lag(committed: int | None, end: int, start: int, lag: int) -> None:
+    assert part(0, committed, end, start=start).lag == lag
+
+
+def test_total_lag_sums_partitions() -> None:
+    assert obs(0, part(0, 1, 4), part(1, None, 10, start=2), part(2, 7, 7)).lag == 3 + 8
+
+
+def test_worst_partitions_are_the_three_largest_nonzero() -> None:
+    parts = [part(0, 0, 5), part(1, 0, 50), part(2, 0, 5), part(3, 9, 9), part(4, 0, 7)]
+    assert [(p.partition, p.lag) for p in worst_partitions(parts)] == [(1, 50), (4, 7), (0, 5)]
+    assert worst_partitions([part(0, 3, 3)]) == ()
+
+
+# --- advance and input rate -----------------------------------------------------------------------
+
+
+def test_advanced_counts_moves_and_first_commits_only() -> None:
+    assert advanced({("in", 0): 5}, {("in", 0): 6})
+    assert advanced({}, {("in", 0): 0})
+    assert not advanced({("in", 0): 5}, {("in", 0): 5})
+    assert not advanced({("in", 0): 5, ("in", 1): 3}, {("in", 0): 5})  # a partition vanished
+
+
+def test_input_rate_from_end_offsets() -> None:
+    history = fold(
+        obs(0, part(0, 0, 100), part(1, 0, 0)),
+        obs(10, part(0, 0, 150), part(1, 0, 30)),
+        obs(20, part(0, 0, 200), part(1, 0, 60)),
+    )
+    assert input_rate(history.samples) == pytest.approx((100 + 60) / 20)
+
+
+def test_input_rate_needs_two_samples_and_ignores_shrinking_or_new_partitions() -> None:
+    assert input_rate([(0.0, {("in", 0): 5})]) is None
+    assert input_rate([(0.0, {("in", 0): 50}), (10.0, {("in", 0): 10, ("in", 1): 99})]) == 0
+    assert input_rate([(5.0, {("in", 0): 1}), (5.0, {("in", 0): 9})]) is None
+
+
+# --- stall verdicts -------------------------------------------------------------------------------
+
+
+def test_no_progress_with_lag_past_the_window_is_a_stall() -> None:
+    first, late = obs(0, part(0, 10, 20)), obs(WINDOW, part(0, 10, 25))
+    health = assess(fold(first, late), late, stall_timeout=WINDOW, ready_since=0)
+    assert health.stalled and health.idle_seconds == WINDOW and health.lag == 15
+
+
+def test_no_progress_within_the_window_is_not_a_stall() -> None:
+    first, soon = obs(0, part(0, 10, 20)), obs(WINDOW - 1, part(0, 10, 20))
+    health = assess(fold(first, soon), soon, stall_timeout=WINDOW, ready_since=0)
+    assert not health.stalled and health.idle_seconds == WINDOW - 1
+
+
+def test_an_advance_restarts_the_window() -> None:
+    a, b, c = obs(0, part(0, 10, 20)), obs(100, part(0, 11, 30)), obs(350, part(0, 11, 30))
+    health = assess(fold(a, b, c), c, stall_timeout=WINDOW, ready_since=0)
+    assert not health.stalled and health.last_advance == 100 and health.idle_seconds == 250
+
+
+def test_idle_without_lag_is_healthy() -> None:
+    a, b = obs(0, part(0, 20, 20)), obs(10 * WINDOW, part(0, 20, 20))
+    health = assess(fold(a, b), b, stall_timeout=WINDOW, ready_since=0)
+    assert not health.stalled and health.idle_seconds == 0
+
+
+def test_a_driver_that_is_not_ready_is_never_stalled() -> None:
+    a, b = obs(0, part(0, 0, 20)), obs(10 * WINDOW, part(0, 0, 20))
+    assert not assess(fold(a, b), b, stall_timeout=WINDOW, ready_since=None).stalled
+
+
+def test_a_recently_ready_driver_gets_a_full_window() -> None:
+    a, b = obs(0, part(0, 0, 20)), obs(10 * WINDOW, part(0, 0, 20))
+    ready = 10 * WINDOW - 60  # became Ready (or was restarted) a minute ago
+    health = assess(fold(a, b), b, stall_timeout=WINDOW, ready_since=ready)
+    assert not health.stalled and health.idle_seconds == 60
+
+
+def test_last_commit_time_is_only_reported_once_an_advance_was_seen() -> None:
+    a, b = obs(0, part(0, 3, 20)), obs(30, part(0, 3, 20))
+    assert assess(fold(a, b), b, stall_timeout=WINDOW, ready_since=0).last_advance is None
+    c = obs(60, part(0, 4, 20))
+    assert assess(fold(a, b, c), c, stall_timeout=WINDOW, ready_since=0).last_advance == 60
+
+
+def test_status_fields_of_a_check() -> None:
+    a, b = obs(0, part(0, 3, 20), part(1, None, 4)), obs(10, part(0, 5, 40), part(1, None, 4))
+    health = assess(fold(a, b), b, stall_timeout=WINDOW, ready_since=0)
+    status = progress_status(health, checked_at=b.at)
+    assert status["lag"] == status["progress"]["lag"] == 35 + 4
+    assert status["progress"]["worstPartitions"][0] == {
+        "topic": "in",
+        "partition": 0,
+        "committed": 5,
+        "end": 40,
+        "lag": 35,
+    }
+    assert status["progress"]["inputRate"] == 2.0
+    assert status["progress"]["lastCommitTime"] == "1970-01-01T00:00:10Z"
+    assert status["progress"]["message"] is None  # a successful check clears an old error
+
+
+# --- which partitions, where unseen partitions start ----------------------------------------------
+
+
+def source(**fields: Any) -> KafkaSource:
+    return KafkaSource.model_validate({"bootstrapServers": "k:9092", **fields})
+
+
+def test_source_partitions_by_name_and_by_pattern() -> None:
+    topics = {"orders": [1, 0], "orders-eu": [0], "__consumer_offsets": [0], "refunds": [0]}
+    assert source_partitions(topics, source(topics=["orders"])) == [("orders", 0), ("orders", 1)]
+    assert source_partitions(topics, source(topicPattern="orders.*")) == [
+        ("orders", 0),
+        ("orders", 1),
+        ("orders-eu", 0),
+    ]
+    # Java's Pattern.matches: the whole name
+    assert source_partitions(topics, source(topicPattern="order")) == []
+    with pytest.raises(ProgressUnavailable, match="missing"):
+        source_partitions(topics, source(topics=["orders", "missing"]))
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("earliest", {("t", 0): 5, ("t", 1): 0}),
+        ("latest", {("t", 0): 50, ("t", 1): 9}),
+        ('{"t":{"0":7,"1":-1}}', {("t", 0): 7, ("t", 1): 9}),
+    ],
+)
+def test_where_unseen_partitions_start(spec: str, expected: dict[Any, int]) -> None:
+    watermarks = {("t", 0): (5, 50), ("t", 1): (0, 9)}
+    assert start_positions(watermarks, watermarks, spec) == expected
+
+
+def test_secret_values_are_redacted_from_messages() -> None:
+    access = KafkaAccess({}, {}, secrets=("hunter2-password", "abc"))
+    message = access.redact("SASL auth failed for hunter2-password (abc)")
+    assert "hunter2" not in message and "***" in message
+    assert "abc" in message  # too short to redact safely
+
+
+def test_ready_since_reads_the_pod_ready_condition() -> None:
+    pod = {
+        "metadata": {},
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "True", "lastTransitionTime": "1970-01-01T00:01:40Z"}
+            ]
+        },
+    }
+    assert ready_since(pod) == 100.0
+    assert ready_since(None) is None
+    assert ready_since({**pod, "metadata": {"deletionTimestamp": "x"}}) is None
+    pod["status"]["conditions"][0]["status"] = "False"
+    assert ready_since(pod) is None
+
+
+def test_health_defaults_in_the_api() -> None:
+    pipeline = load_pipeline(
+        {
+            "apiVersion": "exactlyonce.io/v1alpha1",
+            "kind": "ExactlyOncePipeline",
+            "metadata": {"name": "p"},
+            "spec": {
+                "source": {"kafka": {"bootstrapServers": "k:9092", "topics": ["in"]}},
+                "transform": {"sql": "SELECT key, value FROM source"},
+                "sink": {"kafka": {"bootstrapServers": "k:9092", "topic": "out"}},
+            },
+        }
+    )
+    assert pipeline.spec.health.check_interval == "30s"
+    assert pipeline.spec.health.stall_timeout == "5m"
+
+
+# --- leader lease ---------------------------------------------------------------------------------
+
+
+def lease(holder: str | None, duration: int = 15) -> LeaseRecord:
+    return LeaseRecord(holder, duration, "t", 0, "1")
+
+
+@pytest.mark.parametrize(
+    ("record", "unchanged_for", "action"),
+    [
+        (None, 0, LeaseAction.ACQUIRE),  # no lease yet
+        (lease(None), 0, LeaseAction.ACQUIRE),  # released
+        (lease("me"), 0, LeaseAction.RENEW),
+        (lease("me"), 99, LeaseAction.RENEW),
+        (lease("other"), 14.9, LeaseAction.WAIT),  # the holder may still renew
+        (lease("other"), 15, LeaseAction.ACQUIRE),  # silent for a whole lease duration
+    ],
+)
+def test_lease_rules(record: LeaseRecord | None, unchanged_for: float, action: LeaseAction) -> None:
+    assert decide(record, "me", unchanged_for=unchanged_for) is action
+
+
+def test_lease_record_from_object() -> None:
+    record = LeaseRecord.from_object(
+        {
+            "metadata": {"resourceVersion": "42"},
+            "spec": {"holderIdentity": "a", "leaseDurationSeconds": 15, "leaseTransitions": 2},
+        }
+    )
+    assert (record.holder, record.duration, record.transitions) == ("a", 15, 2)
+    assert record.resource_version == "42"
+
+
+# --- operator metrics -----------------------------------------------------------------------------
+
+
+def sample(name: str, labels: dict[str, str]) -> float | None:
+    return metrics.REGISTRY.get_sample_value(name, labels)
+
+
+def test_metrics_recorders() -> None:
+    metrics.set_phase("ns", "a", "Running")
+    metrics.set_phase("ns", "b", "Running")
+    metrics.set_phase("ns", "c", "Degraded")
+    assert sample("eop_pipelines", {"phase": "Running"}) == 2
+    metrics.set_phase("ns", "b", "Suspended")
+    metrics.forget("ns", "c")
+    assert sample("eop_pipelines", {"phase": "Running"}) == 1
+    assert sample("eop_pipelines", {"phase": "Degraded"}) == 0
+    assert sample("eop_pipelines", {"phase": "Suspended"}) == 1
+
+    metrics.set_lag("ns", "a", 42)
+    assert sample("eop_pipeline_lag_records", {"namespace": "ns", "pipeline": "a"}) == 42
+    metrics.forget("ns", "a")
+    assert sample("eop_pipeline_lag_records", {"namespace": "ns", "pipeline": "a"}) is None
+
+    labels = {"namespace": "ns", "pipeline": "a", "reason": "Stalled"}
+    before = sample("eop_driver_restarts_total", labels) or 0
+    metrics.record_restart("ns", "a", "Stalled")
+    assert sample("eop_driver_restarts_total", labels) == before + 1
+
+    metrics.record_upgrade("ns", "a", "last-state", 42.0)
+    assert sample("eop_upgrades_total", {"namespace": "ns", "pipeline": "a", "mode": "last-state"})
+    assert sample("eop_upgrade_duration_seconds_bucket", {"mode": "last-state", "le": "60.0"})
+
+
+def test_metrics_and_liveness_endpoints() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        unused_tcp_port = sock.getsockname()[1]
+
+    async def scrape() -> tuple[str, str]:
+        endpoint = metrics.Endpoint("127.0.0.1", unused_tcp_port, "/metrics")
+        liveness = metrics.Endpoint.parse(f"http://127.0.0.1:{unused_tcp_port}/healthz")
+        runner = await metrics.serve(metrics=endpoint, liveness=liveness)
+        try:
+            base = f"http://127.0.0.1:{unused_tcp_port}"
+
+            def get(path: str) -> str:
+                with urllib.request.urlopen(base + path, timeout=5) as response:
+                    return str(response.read().decode())
+
+            return await asyncio.to_thread(get, "/metrics"), await asyncio.to_thread(
+                get, "/healthz"
+            )
+        finally:
+            await runner.cleanup()
+
+    metrics.set_leader(False)
+    text, health = asyncio.run(scrape())
+    assert "eop_operator_leader 0.0" in text and "# TYPE eop_pipelines gauge" in text
+    assert '"leader": false' in health
+
+
+def test_endpoint_urls() -> None:
+    assert metrics.Endpoint.parse("http://0.0.0.0:8080/healthz") == metrics.Endpoint(
+        "0.0.0.0", 8080, "/healthz"
+    )
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        metrics.Endpoint.parse("tcp://x")

@@ -1,0 +1,348 @@
+"""Lifecycle decisions: upgrades per mode, the write-ahead log, rollback, fallback, suspend."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Any
+
+import pytest
+
+from eop_operator.api.models import (
+    CheckpointStatus,
+    FailoverSpec,
+    PipelineStatus,
+    UpgradeMode,
+    UpgradeSpec,
+    UpgradeStatus,
+    UpgradeStep,
+)
+from eop_operator.reconcile.failover import stamp
+from eop_operator.reconcile.observe import DriverState, PodObservation, Termination
+from eop_operator.reconcile.upgrade import (
+    Action,
+    Decision,
+    Situation,
+    decide,
+    target_generation,
+)
+
+NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
+
+
+def hashes(version: str) -> Any:
+    """A spec's hash at (generation, reset), like render_pipeline's: all three matter."""
+    return lambda generation, reset: f"{version}-g{generation}{'-r' if reset else ''}"
+
+
+def pod(spec_hash: str, *, ready: bool = False, uid: str = "u1", **kwargs: Any) -> PodObservation:
+    return PodObservation(name="p-driver-0", uid=uid, ready=ready, spec_hash=spec_hash, **kwargs)
+
+
+def running(spec_hash: str, *, ready: bool = True, replicas: int = 1) -> DriverState:
+    pods = (pod(spec_hash, ready=ready),) if replicas else ()
+    return DriverState(exists=True, replicas=replicas, template_hash=spec_hash, pods=pods)
+
+
+def steady(version: str = "v1", generation: int = 0, **status: Any) -> PipelineStatus:
+    return PipelineStatus(
+        spec_hash=hashes(version)(generation, False),
+        checkpoint=CheckpointStatus(generation=generation),
+        applied_fingerprint=version,
+        last_stable_fingerprint=version,
+        last_stable_spec={"was": version},
+        **status,
+    )
+
+
+def situation(
+    status: PipelineStatus,
+    driver: DriverState,
+    *,
+    version: str = "v1",
+    mode: UpgradeMode = UpgradeMode.LAST_STATE,
+    now: datetime.datetime = NOW,
+    **kwargs: Any,
+) -> Situation:
+    upgrade = kwargs.pop("upgrade", UpgradeSpec(mode=mode))
+    return Situation(
+        status=status,
+        fingerprint=version,
+        spec_dump={"was": version},
+        suspend=kwargs.pop("suspend", False),
+        upgrade=upgrade,
+        failover=kwargs.pop("failover", FailoverSpec()),
+        driver=driver,
+        hash_at=hashes(version),
+        now=now,
+        **kwargs,
+    )
+
+
+def apply_status(status: PipelineStatus, decision: Decision) -> PipelineStatus:
+    """The status after the handler wrote the decision's merge patch."""
+    data = status.model_dump(by_alias=True, mode="json")
+    for key, value in decision.status.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            merged = {**data[key], **value}
+            data[key] = {k: v for k, v in merged.items() if v is not None}
+        else:
+            data[key] = value
+    return PipelineStatus.model_validate(data)
+
+
+def test_creation_submits_generation_zero() -> None:
+    decision = decide(situation(PipelineStatus(), DriverState()))
+    assert decision.action is Action.APPLY and decision.replicas == 1
+    assert decision.generation == 0 and not decision.reset_progress
+    assert decision.status["specHash"] == "v1-g0"
+    assert [e.reason for e in decision.events] == ["Submitted"]
+
+
+def test_creation_while_suspended_applies_zero_replicas() -> None:
+    decision = decide(situation(PipelineStatus(), DriverState(), suspend=True))
+    assert decision.action is Action.APPLY and decision.replicas == 0
+
+
+def test_nothing_changed_waits_and_writes_nothing() -> None:
+    decision = decide(situation(steady(), running("v1-g0")))
+    assert decision.action is Action.WAIT
+    assert decision.status == {} and decision.events == ()
+
+
+def test_in_place_change_is_applied_without_a_restart() -> None:
+    # The fingerprint changed (say checkpoint.retention) but the driver's hash did not.
+    status = steady()
+    s = situation(status, running("v1-g0"), version="v1")
+    s = dataclasses.replace(s, fingerprint="v1-retention")
+    decision = decide(s)
+    assert decision.action is Action.APPLY and decision.replicas == 1
+    assert "upgrade" not in decision.status
+    assert decision.status["appliedFingerprint"] == "v1-retention"
+
+
+@pytest.mark.parametrize(
+    ("mode", "generation", "reset"),
+    [
+        (UpgradeMode.LAST_STATE, 3, False),
+        (UpgradeMode.COMMITTED_OFFSETS, 4, False),
+        (UpgradeMode.STATELESS, 4, True),
+    ],
+)
+def test_each_mode_picks_its_generation(mode: UpgradeMode, generation: int, reset: bool) -> None:
+    assert target_generation(mode, 3, False) == (generation, reset)
+    decision = decide(situation(steady(generation=3), running("v1-g3"), version="v2", mode=mode))
+    assert decision.action is Action.STOP
+    wal = decision.status["upgrade"]
+    assert wal["step"] == "Stopping" and wal["mode"] == mode.value
+    assert wal["generation"] == generation and wal["resetProgress"] is reset
+    assert wal["fromHash"] == "v1-g3" and wal["toHash"] == hashes("v2")(generation, reset)
+    assert [e.reason for e in decision.events] == ["Upgrading"]
+
+
+def run_upgrade(mode: UpgradeMode) -> list[tuple[Decision, DriverState]]:
+    """Walk an upgrade v1 -> v2 with the driver reacting as Kubernetes would."""
+    status, driver = steady(), running("v1-g0")
+    trace = []
+    for _ in range(10):
+        decision = decide(situation(status, driver, version="v2", mode=mode))
+        trace.append((decision, driver))
+        status = apply_status(status, decision)
+        if decision.action is Action.STOP:
+            driver = DriverState(exists=True, replicas=0, template_hash=driver.template_hash)
+        elif decision.action is Action.APPLY:
+            new = hashes("v2")(decision.generation, decision.reset_progress)
+            driver = DriverState(exists=True, replicas=1, template_hash=new, pods=(pod(new),))
+        elif driver.pods and not driver.pods[0].ready:
+            driver = running(driver.template_hash or "")  # the new driver gets Ready
+        else:
+            break
+    return trace
+
+
+@pytest.mark.parametrize("mode", list(UpgradeMode))
+def test_an_upgrade_stops_the_old_driver_before_starting_the_new(mode: UpgradeMode) -> None:
+    trace = run_upgrade(mode)
+    actions = [d.action for d, _ in trace]
+    assert actions[:2] == [Action.STOP, Action.APPLY]
+    for decision, driver in trace:
+        if decision.action is Action.APPLY:
+            assert driver.pods == () and driver.replicas == 0, "old driver still there"
+    reasons = [e.reason for d, _ in trace for e in d.events]
+    assert reasons == ["Upgrading", "Upgraded"]
+    final, _ = trace[-1]
+    assert final.action is Action.WAIT
+    assert final.status.get("lastStableFingerprint") == "v2"
+
+
+def test_stopping_waits_for_the_old_pod_to_be_gone() -> None:
+    wal = UpgradeStatus(
+        from_hash="v1-g0",
+        to_hash="v2-g1",
+        mode=UpgradeMode.COMMITTED_OFFSETS,
+        step=UpgradeStep.STOPPING,
+        generation=1,
+        reason="SpecChanged",
+        started_at=stamp(NOW),
+    )
+    status = steady(upgrade=wal)
+    terminating = DriverState(exists=True, replicas=0, template_hash="v1-g0", pods=(pod("v1-g0"),))
+    assert decide(situation(status, terminating, version="v2")).action is Action.WAIT
+    # An operator that died right after writing Stopping scales down again.
+    not_scaled = running("v1-g0")
+    assert decide(situation(status, not_scaled, version="v2")).action is Action.STOP
+    gone = DriverState(exists=True, replicas=0, template_hash="v1-g0")
+    decision = decide(situation(status, gone, version="v2"))
+    assert decision.action is Action.APPLY and decision.generation == 1
+    assert decision.status["upgrade"]["step"] == "Starting"
+    assert decision.status["checkpoint"] == {"generation": 1, "resetProgress": False}
+
+
+def starting(to_hash: str = "v2-g0", **kwargs: Any) -> PipelineStatus:
+    fields: dict[str, Any] = {
+        "from_hash": "v1-g0",
+        "to_hash": to_hash,
+        "mode": UpgradeMode.LAST_STATE,
+        "step": UpgradeStep.STARTING,
+        "generation": 0,
+        "reason": "SpecChanged",
+        "started_at": stamp(NOW),
+        **kwargs,
+    }
+    return steady(upgrade=UpgradeStatus(**fields)).model_copy(update={"spec_hash": to_hash})
+
+
+def test_starting_reapplies_when_the_apply_was_lost() -> None:
+    # The operator died after writing Starting and before applying the new template.
+    old = DriverState(exists=True, replicas=0, template_hash="v1-g0")
+    decision = decide(situation(starting(), old, version="v2"))
+    assert decision.action is Action.APPLY and decision.replicas == 1
+
+
+def test_the_readiness_timeout_rolls_back_when_enabled() -> None:
+    late = NOW + datetime.timedelta(minutes=6)
+    new_driver = running("v2-g0", ready=False)
+    upgrade = UpgradeSpec(rollback=True)
+    decision = decide(situation(starting(), new_driver, version="v2", now=late, upgrade=upgrade))
+    assert decision.action is Action.STOP
+    assert decision.status["rolledBackFingerprint"] == "v2"
+    assert decision.status["upgrade"]["reason"] == "RolledBack"
+    assert decision.status["upgrade"]["generation"] == 1  # a new generation from G
+    assert "RolledBack" in [e.reason for e in decision.events]
+
+
+def test_without_rollback_a_late_driver_is_degraded() -> None:
+    late = NOW + datetime.timedelta(minutes=6)
+    decision = decide(situation(starting(), running("v2-g0", ready=False), version="v2", now=late))
+    assert decision.action is Action.WAIT
+    assert decision.degraded is not None and decision.degraded[0] == "UpgradeNotReady"
+
+
+def test_before_the_timeout_it_waits() -> None:
+    soon = NOW + datetime.timedelta(minutes=1)
+    decision = decide(situation(starting(), running("v2-g0", ready=False), version="v2", now=soon))
+    assert decision.action is Action.WAIT and decision.degraded is None
+    assert decision.requeue_after is not None and decision.requeue_after <= 30
+
+
+def incompatible(spec_hash: str) -> PodObservation:
+    return pod(
+        spec_hash,
+        phase="Failed",
+        termination=Termination(4, "eop: error: [IncompatibleCheckpoint] state schema", True),
+    )
+
+
+def test_an_incompatible_checkpoint_falls_back_to_committed_offsets() -> None:
+    driver = DriverState(
+        exists=True, replicas=1, template_hash="v2-g0", pods=(incompatible("v2-g0"),)
+    )
+    decision = decide(situation(starting(), driver, version="v2"))
+    assert decision.action is Action.STOP
+    wal = decision.status["upgrade"]
+    assert wal["reason"] == "FellBack" and wal["mode"] == "committed-offsets"
+    assert wal["generation"] == 1
+    assert {"FellBack", "Restarted"} <= {e.reason for e in decision.events}
+
+
+def test_fallback_can_be_disabled() -> None:
+    driver = DriverState(
+        exists=True, replicas=1, template_hash="v2-g0", pods=(incompatible("v2-g0"),)
+    )
+    s = situation(starting(), driver, version="v2", upgrade=UpgradeSpec(allow_fallback=False))
+    decision = decide(s)
+    assert decision.action is Action.WAIT
+    assert decision.degraded is not None and decision.degraded[0] == "IncompatibleCheckpoint"
+
+
+def test_a_corrupt_checkpoint_starts_the_next_generation_after_a_backoff() -> None:
+    broken = pod(
+        "v1-g2",
+        restart_count=1,
+        termination=Termination(4, "eop: error: [CorruptCheckpoint] Log file was malformed"),
+    )
+    driver = DriverState(exists=True, replicas=1, template_hash="v1-g2", pods=(broken,))
+    decision = decide(situation(steady(generation=2), driver))
+    wal = decision.status["upgrade"]
+    assert decision.action is Action.STOP
+    assert wal["reason"] == "CheckpointRecovery" and wal["generation"] == 3
+    assert wal["notBefore"] == stamp(NOW + datetime.timedelta(seconds=10))
+    # Once the old pod is gone, the new driver waits for the backoff.
+    status = apply_status(steady(generation=2), decision)
+    gone = DriverState(exists=True, replicas=0, template_hash="v1-g2")
+    assert decide(situation(status, gone)).action is Action.WAIT
+    later = NOW + datetime.timedelta(seconds=11)
+    assert decide(situation(status, gone, now=later)).action is Action.APPLY
+
+
+def test_suspend_and_resume_keep_the_generation() -> None:
+    suspend = decide(situation(steady(generation=2), running("v1-g2"), suspend=True))
+    assert suspend.action is Action.APPLY and suspend.replicas == 0
+    assert suspend.generation == 2
+    assert [e.reason for e in suspend.events] == ["Suspended"]
+    resume = decide(situation(steady(generation=2), running("v1-g2", replicas=0)))
+    assert resume.action is Action.APPLY and resume.replicas == 1 and resume.generation == 2
+    assert [e.reason for e in resume.events] == ["Resumed"]
+
+
+def test_restart_nonce_upgrades_like_any_change() -> None:
+    s = situation(steady(), running("v1-g0"), version="v1n", restart_reason="RestartNonce")
+    decision = decide(s)
+    assert decision.action is Action.STOP
+    assert decision.status["upgrade"]["reason"] == "RestartNonce"
+    assert decision.status["upgrade"]["generation"] == 0  # last-state: same checkpoint
+
+
+def test_a_newer_spec_during_stopping_retargets_the_upgrade() -> None:
+    status = starting().model_copy(
+        update={
+            "upgrade": starting().upgrade.model_copy(update={"step": UpgradeStep.STOPPING}),  # type: ignore[union-attr]
+            "spec_hash": "v1-g0",
+        }
+    )
+    decision = decide(situation(status, running("v1-g0", replicas=0), version="v3"))
+    assert decision.status["upgrade"]["toHash"] == "v3-g0"
+    assert decision.status["specHash"] == "v3-g0"
+
+
+def test_a_newer_spec_during_starting_starts_another_upgrade() -> None:
+    decision = decide(situation(starting(), running("v2-g0", ready=False), version="v3"))
+    assert decision.action is Action.STOP
+    assert decision.status["upgrade"]["toHash"] == "v3-g0"
+    assert decision.status["upgrade"]["fromHash"] == "v2-g0"
+
+
+def test_crash_loop_is_degraded() -> None:
+    failover = FailoverSpec(max_restarts=2)
+    looping = pod("v1-g0", restart_count=3, termination=Termination(4, "eop: error: [Failed] boom"))
+    driver = DriverState(exists=True, replicas=1, template_hash="v1-g0", pods=(looping,))
+    decision = decide(situation(steady(), driver, failover=failover))
+    assert decision.degraded is not None and decision.degraded[0] == "CrashLoop"
+    assert decision.status["failover"]["restarts"] == 3
+    assert [e.reason for e in decision.events] == ["Restarted"]
+
+
+def test_a_healthy_driver_of_a_new_spec_becomes_the_stable_spec() -> None:
+    status = steady().model_copy(update={"last_stable_fingerprint": None})
+    decision = decide(situation(status, running("v1-g0")))
+    assert decision.status["lastStableSpec"] == {"was": "v1"}
