@@ -317,9 +317,9 @@ def bring_up_cluster() -> tuple[LocalCluster, Images]:
 
 def operator_values(cluster: LocalCluster, images: Images, watch: list[str]) -> dict[str, Any]:
     """Chart values for the local cluster: host network, loopback apiserver, local images."""
-    from devenv.kafka import _free_port
+    from devenv.processes import free_port
 
-    health_port = _free_port()
+    health_port = free_port()
     return {
         "image": {
             "repository": images.operator.rsplit(":", 1)[0],
@@ -330,7 +330,7 @@ def operator_values(cluster: LocalCluster, images: Images, watch: list[str]) -> 
         "watchNamespaces": watch,
         "hostNetwork": True,
         "health": {"port": health_port},
-        "metrics": {"port": _free_port()},
+        "metrics": {"port": free_port()},
         "extraArgs": [f"--liveness=http://127.0.0.1:{health_port}/healthz"],
         "extraEnv": [
             {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},

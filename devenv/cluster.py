@@ -40,7 +40,6 @@ import os
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -55,7 +54,7 @@ from typing import IO, Any
 
 from devenv.hostpath_provisioner import STORAGE_CLASS, storage_class_manifest
 from devenv.kube import ControlPlane, ControlPlaneError, KubeBinaries, build_binaries
-from devenv.processes import spawn_logged
+from devenv.processes import free_port, spawn_logged
 from devenv.versions import cache_root
 
 __all__ = [
@@ -151,12 +150,6 @@ def _tail(path: Path, lines: int = 40) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError as exc:
         return f"(no log: {exc})"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((_LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 def _pid_alive(pid: int) -> bool:
@@ -1119,9 +1112,9 @@ registerNode: true
         _prepare_cgroup_root()
         root = c.kubelet_dir / "root"
         root.mkdir(parents=True, exist_ok=True)
-        healthz_port = _free_port()
+        healthz_port = free_port()
         config = c.kubelet_dir / "config.yaml"
-        config.write_text(self._kubelet_config(_free_port(), healthz_port))
+        config.write_text(self._kubelet_config(free_port(), healthz_port))
         child = self._spawn(
             "kubelet",
             [

@@ -34,7 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from devenv.processes import die_with_parent
+from devenv.processes import die_with_parent, free_port
 from devenv.versions import versions
 
 FETCH_SCRIPT = Path(__file__).with_name("fetch-jars.sh")
@@ -109,13 +109,6 @@ def spark_kafka_jars() -> list[Path]:
     if not jars:
         raise KafkaBrokerError("the Spark Kafka connector jar directory is empty")
     return jars
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _random_cluster_id() -> str:
@@ -315,10 +308,10 @@ class KafkaBroker:
         attempts = 3 if fresh else 1
         for attempt in range(attempts):
             if fresh:
-                self._port = _free_port()
-                self._controller_port = _free_port()
+                self._port = free_port()
+                self._controller_port = free_port()
                 while self._controller_port == self._port:
-                    self._controller_port = _free_port()
+                    self._controller_port = free_port()
             try:
                 self._start_once()
                 return self

@@ -36,7 +36,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Self
 
-from devenv.processes import spawn_logged
+from devenv.processes import free_port, spawn_logged
 from devenv.versions import cache_root, versions
 
 __all__ = [
@@ -112,12 +112,6 @@ def build_binaries(components: Sequence[str] = (), *, quiet: bool = False) -> Ku
         if code != 0:
             raise ControlPlaneError(f"{BUILD_SCRIPT.name} failed ({code})")
     return KubeBinaries.from_cache()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((_LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 def _tail_text(text: str, lines: int) -> str:
@@ -572,8 +566,8 @@ class ControlPlane:
         raise self._fail(proc, f"not ready after {self.start_timeout:.0f}s: {probe} -> {last}")
 
     def _start_etcd(self, deadline: float) -> None:
-        self.etcd_port = _free_port()
-        peer_port = _free_port()
+        self.etcd_port = free_port()
+        peer_port = free_port()
         client = f"http://{_LOOPBACK}:{self.etcd_port}"
         peer = f"http://{_LOOPBACK}:{peer_port}"
         new = not (self.etcd_data_dir / "member").exists()
@@ -607,7 +601,7 @@ class ControlPlane:
                     ) from exc
             self.apiserver_port = self.fixed_apiserver_port
         else:
-            self.apiserver_port = _free_port()
+            self.apiserver_port = free_port()
         pki = self.pki_dir
         proc = self._spawn(
             "kube-apiserver",
@@ -651,7 +645,7 @@ class ControlPlane:
         self._wait(proc, f"{self.server}/readyz", deadline)
 
     def _start_controller_manager(self, deadline: float) -> None:
-        self.controller_manager_port = _free_port()
+        self.controller_manager_port = free_port()
         config = self._cert_kubeconfig("controller-manager", "system:kube-controller-manager")
         pki = self.pki_dir
         proc = self._spawn(
@@ -682,7 +676,7 @@ class ControlPlane:
         self._wait(proc, f"https://{_LOOPBACK}:{self.controller_manager_port}/healthz", deadline)
 
     def _start_scheduler(self, deadline: float) -> None:
-        self.scheduler_port = _free_port()
+        self.scheduler_port = free_port()
         config = self._cert_kubeconfig("scheduler", "system:kube-scheduler")
         proc = self._spawn(
             "kube-scheduler",

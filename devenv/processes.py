@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -12,6 +13,13 @@ from pathlib import Path
 from typing import IO
 
 PR_SET_PDEATHSIG = 1
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def die_with_parent() -> None:

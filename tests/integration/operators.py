@@ -11,24 +11,32 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
+import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from devenv.kube import ControlPlane
+from devenv.processes import free_port
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "eop"
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
+    """Poll ``probe`` until it returns something truthy, and return that."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def install_chart(cp: ControlPlane, release: str, namespace: str) -> Path:

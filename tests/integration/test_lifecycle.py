@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,12 +20,14 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 
 from devenv.kube import ControlPlane
+from devenv.processes import free_port
+from tests.integration.operators import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "exactlyoncepipelines.exactlyonce.io.yaml"
@@ -34,26 +35,6 @@ HASH = "exactlyonce.io/spec-hash"
 HOLD = "eop.test/hold"
 
 pytestmark = pytest.mark.kube
-
-T = TypeVar("T")
-
-
-def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
-    """Poll ``probe`` until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Operator:
@@ -64,7 +45,7 @@ class Operator:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        port = _free_port()
+        port = free_port()
         with self.log.open("a") as sink:
             self.proc = subprocess.Popen(
                 [

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 
 from devenv.kube import ControlPlane
+from devenv.processes import free_port
+from tests.integration.operators import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "eop"
@@ -29,30 +29,10 @@ OPERATOR_NAMESPACE = "eop-system"
 
 pytestmark = pytest.mark.kube
 
-T = TypeVar("T")
-
-
-def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
-    """Poll ``probe`` until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
 
 def get(cp: ControlPlane, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
     result = cp.kubectl("get", kind, name, "-n", namespace, "-o", "json")
     return json.loads(result.stdout) if result.returncode == 0 else None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +68,7 @@ def operator(
         OPERATOR_NAMESPACE, accounts[0]["metadata"]["name"]
     )
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     with log.open("w") as sink:
         proc = subprocess.Popen(
