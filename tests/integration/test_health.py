@@ -197,7 +197,7 @@ def test_lag_in_status_matches_kafka_consumer_groups(
     wait_for(lambda: operator.metric(lag_metric) == 50, "the lag metric")
 
 
-def test_unreachable_broker_is_a_status_message(
+def test_missing_kafka_secret_is_a_status_message(
     control_plane: ControlPlane,
     kube_namespace: str,
     kafka_broker: KafkaBroker,
