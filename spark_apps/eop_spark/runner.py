@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from eop_spark import preflight
@@ -195,12 +196,19 @@ class PipelineRun:
         if config.metrics_port is not None:
             serve_metrics(self.counters, config.pipeline, config.metrics_port)
 
-        spark = build_session(config, jars)
-        # Python workers start while the ids are taken over and the query is planned.
-        threading.Thread(
-            target=self._warm_up, args=(spark,), name="eop-warm-up", daemon=True
-        ).start()
-        query, gate = self.start_query(spark, partitions, sink_conf)
+        progress = ProgressGroup(config.progress_group, sink_conf)
+        # Taking the ids over waits on the broker (it aborts what a killed runner left open)
+        # and needs no Spark: it runs while the JVM starts.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="eop-take-over") as pool:
+            taken = pool.submit(take_over, self.sink_settings(sink_conf, progress), partitions)
+            spark = build_session(config, jars)
+            # Python workers start while the query is planned.
+            threading.Thread(
+                target=self._warm_up, args=(spark,), name="eop-warm-up", daemon=True
+            ).start()
+            query, gate = self.start_query(
+                spark, partitions, sink_conf, progress=progress, taken=taken
+            )
         return self.supervise(query, gate)
 
     def _warm_up(self, spark: SparkSession) -> None:
@@ -209,15 +217,10 @@ class PipelineRun:
         except Exception as exc:  # only an optimisation
             log.debug("warming up Python workers failed: %s", exc)
 
-    def start_query(
-        self, spark: SparkSession, partitions: list[tuple[str, int]], sink_conf: dict[str, str]
-    ) -> tuple[StreamingQuery, BatchGate]:
-        """Take over the transactional ids, build the stream, start the query."""
+    def sink_settings(self, sink_conf: dict[str, str], progress: ProgressGroup) -> SinkSettings:
+        """What every sink transaction of this run needs to know."""
         config = self.config
-        files = LocalFiles() if is_local(config.checkpoint_location) else HadoopFiles(spark)
-        offsets_log = OffsetsLog(config.checkpoint_location, files)
-        progress = ProgressGroup(config.progress_group, sink_conf)
-        settings = SinkSettings(
+        return SinkSettings(
             topic=config.sink.kafka.topic,
             client_config=sink_conf,
             transactional_id_prefix=config.transactional_id_prefix,
@@ -225,9 +228,25 @@ class PipelineRun:
             group=config.progress_group,
             group_metadata=progress.group_metadata(),
         )
+
+    def start_query(
+        self,
+        spark: SparkSession,
+        partitions: list[tuple[str, int]],
+        sink_conf: dict[str, str],
+        *,
+        progress: ProgressGroup | None = None,
+        taken: Future[int] | None = None,
+    ) -> tuple[StreamingQuery, BatchGate]:
+        """Take over the transactional ids (unless ``taken`` does), build the stream, start it."""
+        config = self.config
+        files = LocalFiles() if is_local(config.checkpoint_location) else HadoopFiles(spark)
+        offsets_log = OffsetsLog(config.checkpoint_location, files)
+        progress = progress or ProgressGroup(config.progress_group, sink_conf)
+        settings = self.sink_settings(sink_conf, progress)
         # Before reading G: aborts what a crashed or zombie runner left open.
-        taken = take_over(settings, partitions)
-        log.info("took over %d transactional ids %s.*", taken, config.transactional_id_prefix)
+        count = taken.result() if taken is not None else take_over(settings, partitions)
+        log.info("took over %d transactional ids %s.*", count, config.transactional_id_prefix)
         reset_for_stateless_generation(config, offsets_log, partitions, sink_conf)
         starting, why = resolve_starting_offsets(config, offsets_log, progress, partitions)
         log.info("%s", why)

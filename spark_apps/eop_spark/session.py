@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from eop_spark import class_archive
 from eop_spark.config import RunConfig
 
 if TYPE_CHECKING:
@@ -41,8 +42,13 @@ def _cores(config: RunConfig) -> int:
     return int(match.group(1)) if match else 1
 
 
-def session_conf(config: RunConfig, jars: list[Path], log4j2: Path) -> dict[str, str]:
-    """The Spark configuration of a run: the runner's defaults, then ``spec.spark.conf``."""
+def session_conf(
+    config: RunConfig, jars: list[Path], log4j2: Path, java_options: str = ""
+) -> dict[str, str]:
+    """The Spark configuration of a run: the runner's defaults, then ``spec.spark.conf``.
+
+    ``java_options`` go to the driver JVM after the runner's own (before the user's).
+    """
     spark = config.spark
     conf = {
         "spark.app.name": f"eop-{config.pipeline}",
@@ -55,7 +61,9 @@ def session_conf(config: RunConfig, jars: list[Path], log4j2: Path) -> dict[str,
         # Stateful queries keep this number for the checkpoint's life: size it to the cores
         # instead of Spark's 200, which makes every micro-batch run 200 tiny tasks.
         "spark.sql.shuffle.partitions": str(max(2, 2 * _cores(config))),
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j2}",
+        "spark.driver.extraJavaOptions": " ".join(
+            o for o in (f"-Dlog4j2.configurationFile=file:{log4j2}", java_options) if o
+        ),
         # Python workers fork from eop's daemon: it keeps Spark's zips off their path and
         # their libraries out of the per-task gc.collect() (see eop_spark.worker_daemon).
         "spark.python.daemon.module": "eop_spark.worker_daemon",
@@ -80,8 +88,15 @@ def session_conf(config: RunConfig, jars: list[Path], log4j2: Path) -> dict[str,
     return conf | user
 
 
-def build_session(config: RunConfig, jars: list[Path]) -> SparkSession:
-    """Start (or join, in-process) the SparkSession for ``config``."""
+def build_session(
+    config: RunConfig, jars: list[Path], *, archive_at_exit: Path | None = None
+) -> SparkSession:
+    """Start (or join, in-process) the SparkSession for ``config``.
+
+    A local driver JVM maps the class archive if there is one (see
+    :mod:`eop_spark.class_archive`); ``archive_at_exit`` makes it write one
+    instead, when it exits.
+    """
     from pyspark.sql import SparkSession
 
     if not config.spark.on_kubernetes:
@@ -95,8 +110,12 @@ def build_session(config: RunConfig, jars: list[Path]) -> SparkSession:
         os.environ["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
     log4j2 = Path(tempfile.mkdtemp(prefix="eop-spark-")) / "log4j2.properties"
     log4j2.write_text(_LOG4J2)
+    if archive_at_exit is not None:
+        java_options = f"-XX:ArchiveClassesAtExit={archive_at_exit}"
+    else:
+        java_options = class_archive.java_options(class_archive.find_archive())
     builder = SparkSession.builder
-    for key, value in session_conf(config, jars, log4j2).items():
+    for key, value in session_conf(config, jars, log4j2, java_options).items():
         builder = builder.config(key, value)
     with _jvm_stderr_to_stdout():
         return builder.getOrCreate()

@@ -114,18 +114,14 @@ def produce_columns(
     """Produce rows given column-wise (``layout.columns()`` order, as Arrow's ``to_pylist``).
 
     Arrow hands binary columns over as ``bytes``, which librdkafka takes as they
-    are: the common shape (value, optionally key) goes to ``produce_batch`` with
-    one dict per record and nothing else built per record.
+    are: the common shape (value, optionally key) goes record by record
+    straight from the column lists, with nothing built per record.
     """
     if layout.has_headers or layout.has_partition:
         return produce_rows(producer, topic, zip(*columns, strict=True), layout)
-    if layout.has_key:
-        values, keys = columns
-        messages = [{"value": v, "key": k} for v, k in zip(values, keys, strict=True)]
-    else:
-        messages = [{"value": v} for v in columns[0]]
-    producer.produce_messages(topic, messages)
-    return len(messages)
+    values = columns[0]
+    producer.produce_pairs(topic, values, columns[1] if layout.has_key else [None] * len(values))
+    return len(values)
 
 
 def produce_rows(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from eop_spark.errors import PipelineFailed, ProducerFenced, SinkRetryable
@@ -162,6 +162,23 @@ class TransactionalProducer:
                 producer.poll(0.05)
                 if self._fatal is not None:
                     self._raise(self._fatal, "produce")
+            except KafkaException as exc:
+                self._raise(_kafka_error(exc), "produce")
+
+    def produce_pairs(self, topic: str, values: Iterable[Any], keys: Iterable[Any]) -> None:
+        """Queue ``(value, key)`` records (bytes, str or None), one ``produce`` call each.
+
+        For records that need nothing else this is the cheapest way through the
+        Python client: cheaper per record than building the dicts ``produce_batch`` takes.
+        """
+        from confluent_kafka import KafkaException
+
+        produce = self._producer.produce
+        for value, key in zip(values, keys, strict=True):
+            try:
+                produce(topic, value, key)
+            except BufferError:
+                self.produce_one(topic, value, key)  # waits until the queue has room
             except KafkaException as exc:
                 self._raise(_kafka_error(exc), "produce")
 

@@ -100,8 +100,13 @@ def operator(
     yield log
     proc.terminate()
     proc.wait(timeout=30)
-    text = log.read_text()
-    assert "Forbidden" not in text and "403" not in text, "the chart's RBAC was not enough"
+    # Other modules' namespaces being deleted refuse new events with 403 too; that is not RBAC.
+    denied = [
+        line
+        for line in log.read_text().splitlines()
+        if ("Forbidden" in line or "403" in line) and "is being terminated" not in line
+    ]
+    assert not denied, "the chart's RBAC was not enough:\n" + "\n".join(denied[:10])
 
 
 def _pipeline(name: str, **spec: Any) -> dict[str, Any]:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from devenv.kafka import KafkaBroker, spark_kafka_jars
+from eop_spark.class_archive import ensure_archive
 from tests.plugins.kafka import TopicFactory
 from tests.spark_apps.harness import Pipeline
 
@@ -16,8 +19,17 @@ PipelineFactory = Callable[..., Pipeline]
 
 @pytest.fixture(scope="session")
 def spark_jars() -> list[Path]:
-    """The Spark Kafka connector jars, fetched into the cache where the runner looks."""
-    return spark_kafka_jars()
+    """The Spark Kafka connector jars, fetched into the cache where the runner looks.
+
+    Also builds the JVM class archive runners map (once per cache; it saves each
+    runner start seconds, see eop_spark.class_archive).
+    """
+    jars = spark_kafka_jars()
+    try:
+        ensure_archive()
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:  # only an optimisation
+        warnings.warn(f"no JVM class archive, runners start slower: {exc}", stacklevel=1)
+    return jars
 
 
 @pytest.fixture

@@ -54,8 +54,8 @@ def test_no_jars_says_how_to_fetch_them(tmp_path: Path, monkeypatch: pytest.Monk
 def test_one_spark_version_everywhere() -> None:
     """pyproject's pyspark pin, the installed pyspark and versions.env's SPARK_VERSION agree."""
     spark_version = versions()["SPARK_VERSION"]
-    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    pins = [d for d in extras["spark"] if re.match(r"pyspark\b", d)]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = [d for d in project["optional-dependencies"]["spark"] if re.match(r"pyspark\b", d)]
     assert pins == [f"pyspark=={spark_version}"]
     assert version("pyspark") == spark_version
 

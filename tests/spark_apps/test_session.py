@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from eop_spark.class_archive import java_options
 from eop_spark.session import session_conf
 from tests.spark_apps.test_client_config import make_config
 
@@ -36,3 +37,18 @@ def test_user_conf_wins_and_java_options_are_appended() -> None:
     assert "spark.driver.bindAddress" not in conf
     assert conf["spark.driver.extraJavaOptions"].endswith("-Dx=1")
     assert "log4j2.configurationFile" in conf["spark.driver.extraJavaOptions"]
+
+
+def test_python_workers_fork_from_eops_daemon() -> None:
+    conf = session_conf(make_config(), [], Path("/tmp/l.properties"))
+    assert conf["spark.python.daemon.module"] == "eop_spark.worker_daemon"
+
+
+def test_a_class_archive_goes_to_the_driver_jvm(tmp_path: Path) -> None:
+    archive = tmp_path / "spark.jsa"
+    options = java_options(archive)
+    conf = session_conf(make_config(), [], Path("/tmp/l.properties"), options)
+    assert f"-XX:SharedArchiveFile={archive}" in conf["spark.driver.extraJavaOptions"]
+    # An archive that does not fit this JVM is skipped, never fatal.
+    assert "-Xshare:auto" in conf["spark.driver.extraJavaOptions"]
+    assert java_options(None) == ""
