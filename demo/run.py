@@ -475,8 +475,31 @@ def kill_driver_container(
     return time.monotonic() - began
 
 
-def upgrade_clean_query(cluster: LocalCluster, timeout: float = 240) -> float:
-    """Change the clean pipeline's WHERE (same results); wait for the new driver to run."""
+def kill_operator_mid_upgrade(cluster: LocalCluster, pipeline: str, timeout: float = 60) -> None:
+    """Force-delete the operator pod while ``pipeline``'s upgrade is in flight (status.upgrade)."""
+
+    def in_flight() -> Any:
+        return get_json(cluster, "eop", pipeline, "-n", NAMESPACE).get("status", {}).get("upgrade")
+
+    eventually(
+        in_flight,
+        timeout,
+        f"{pipeline}'s upgrade to start",
+        interval=0.2,
+    )
+    selector = f"app.kubernetes.io/instance={RELEASE}"
+    cluster.kubectl("delete", "pod", "-n", OPERATOR_NAMESPACE, "-l", selector,
+                    "--grace-period=0", "--force", check=True)  # fmt: skip
+
+
+def upgrade_clean_query(
+    cluster: LocalCluster, timeout: float = 240, *, kill_operator: bool = False
+) -> float:
+    """Change the clean pipeline's WHERE (same results); wait for the new driver to run.
+
+    With ``kill_operator`` the operator pod is force-deleted in the middle of the upgrade: its
+    replacement must finish the upgrade from the write-ahead log in the pipeline's status.
+    """
     began = time.monotonic()
     old = wait_driver(cluster, CLEAN, 60)
     current = get_json(cluster, "eop", CLEAN, "-n", NAMESPACE)
@@ -484,6 +507,8 @@ def upgrade_clean_query(cluster: LocalCluster, timeout: float = 240) -> float:
     patch = json.dumps({"spec": {"transform": {"sql": sql}}})
     cluster.kubectl("patch", "eop", CLEAN, "-n", NAMESPACE, "--type=merge", "-p", patch,
                     check=True)  # fmt: skip
+    if kill_operator:
+        kill_operator_mid_upgrade(cluster, CLEAN)
     wait_driver(cluster, CLEAN, timeout, not_uid=old)
     return time.monotonic() - began
 
@@ -595,6 +620,7 @@ def run_scenario(
     rate: int = 1000,
     duration: float = 75.0,
     container_kill: bool = False,
+    operator_kill: bool = False,
     drain_timeout: float = 300.0,
 ) -> Outcome:
     """Apply the pipelines, produce, disrupt, drain and verify (cluster and operator ready)."""
@@ -623,8 +649,11 @@ def run_scenario(
         took = kill_driver_container(cluster, CLEAN)
         disruptions.append(f"SIGKILLed the {CLEAN} driver container: restarted in {took:.1f}s")
         step(disruptions[-1])
-    took = upgrade_clean_query(cluster)
-    disruptions.append(f"upgraded the {CLEAN} query (extra WHERE): new driver in {took:.1f}s")
+    took = upgrade_clean_query(cluster, kill_operator=operator_kill)
+    killed = ", operator pod force-deleted mid-upgrade" if operator_kill else ""
+    disruptions.append(
+        f"upgraded the {CLEAN} query (extra WHERE{killed}): new driver in {took:.1f}s"
+    )
     step(disruptions[-1])
     producer.join(duration + 120)
     if producer.error is not None:

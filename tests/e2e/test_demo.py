@@ -33,7 +33,13 @@ def test_demo_scenario_is_exactly_once(
     demo.install_operator(cluster, images, tmp_path)
     try:
         outcome = demo.run_scenario(
-            cluster, demo_broker, images, rate=800, duration=60, container_kill=True
+            cluster,
+            demo_broker,
+            images,
+            rate=800,
+            duration=60,
+            container_kill=True,
+            operator_kill=True,
         )
         v = outcome.verification
         print(v.table())
