@@ -14,9 +14,10 @@ each: N divided by the query's wall time (start-up included: eop plans the
 query and takes its transactional ids over before Spark starts it), and N
 divided by the time of the batches themselves (the sum of Spark's
 ``triggerExecution`` over the batches that read rows: the rate a running
-pipeline sustains; the same measure for every contender).  Each of (a)-(c) runs ``--rounds`` times, in a
-rotating order, and keeps its best round: on a shared machine that filters out
-the moments another process took the CPU, the same way for every contender.
+pipeline sustains; the same measure for every contender).  Each of (a)-(c)
+runs ``--rounds`` times, in a rotating order, and keeps its best round: on a
+shared machine that filters out the moments another process took the CPU, the
+same way for every contender.
 Then the recovery time: a runner on a continuously fed topic is SIGKILLed (whole
 process group) and restarted at once; the time from the kill to the first batch
 the new runner commits.  Runners map the JVM class archive as they do in the
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -252,6 +254,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="work directory (default: a temp dir)")
     args = parser.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="eop-bench-"))
+    try:
+        return run_benchmark(args, work)
+    finally:
+        if args.work is None:  # the broker's logs alone take gigabytes
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run_benchmark(args: argparse.Namespace, work: Path) -> int:
+    """Run every measurement in ``work`` and print the figures."""
     records = args.records
     print(
         f"eop data-plane benchmark: {records:,} records x {args.sizes} B, "

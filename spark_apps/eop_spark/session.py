@@ -64,6 +64,11 @@ def session_conf(
         "spark.driver.extraJavaOptions": " ".join(
             o for o in (f"-Dlog4j2.configurationFile=file:{log4j2}", java_options) if o
         ),
+        # The partitioned sink's tasks stream Arrow batches from the JVM into librdkafka: a
+        # task's producer starts, and its transaction ends, one batch after the JVM's, so
+        # batches of 2,000 rows instead of Spark's 10,000 shorten every task (measured
+        # faster on 1 KiB records; rows per batch change nothing about what is committed).
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "2000",
         # Python workers fork from eop's daemon: it keeps Spark's zips off their path and
         # their libraries out of the per-task gc.collect() (see eop_spark.worker_daemon).
         "spark.python.daemon.module": "eop_spark.worker_daemon",

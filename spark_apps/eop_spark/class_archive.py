@@ -1,0 +1,201 @@
+"""A class-data-sharing archive of Spark's classes, so a restarted driver's JVM starts sooner.
+
+A fresh driver JVM spends seconds loading and verifying the thousands of
+classes a Spark session and its first streaming query need.  A dynamic CDS
+archive (``-XX:ArchiveClassesAtExit``, JDK 13+) holds them pre-parsed; with
+it a local session and its first query start about 4 s sooner, which is
+most of what a restart after a crash costs beyond the first batch.
+
+``python -m eop_spark.class_archive [PATH]`` builds one: a short training run
+(a session, SQL, a streaming query with ``foreachBatch`` and ``mapInArrow``)
+whose JVM dumps the classes it loaded when it exits.  The archive is written
+to a temporary file and renamed only after that JVM exited cleanly: a
+truncated archive would crash every JVM that maps it.  Runners use the first
+archive found (see :func:`find_archive`); none found means the JVM starts as
+usual.  An archive of another JDK or Spark build is ignored by the JVM
+(``-Xshare:auto``), and the cache key below keeps such archives apart anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+#: Where the application image keeps its archive.
+IMAGE_ARCHIVE = Path("/opt/eop/spark-classes.jsa")
+
+#: How long a training run may take.
+TRAIN_TIMEOUT_S = 600
+
+
+def _java() -> Path | None:
+    home = os.environ.get("JAVA_HOME")
+    found = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    return Path(found).resolve() if found else None
+
+
+def java_key() -> str:
+    """A short key naming this JDK build (an archive only fits the JVM that wrote it)."""
+    java = _java()
+    if java is None:
+        return "no-java"
+    parts = [str(java)]
+    for path in (java, *java.parent.parent.glob("lib/server/libjvm.so")):
+        stat = path.stat()
+        parts.append(f"{stat.st_size}:{stat.st_mtime_ns}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def cache_archive() -> Path:
+    """The archive's place in the dev cache: per pyspark version and JDK build."""
+    cache = Path(os.environ.get("EOP_CACHE", Path.home() / ".cache" / "eop"))
+    return cache / "spark-cds" / version("pyspark") / f"{java_key()}.jsa"
+
+
+def find_archive() -> Path | None:
+    """The archive a runner's JVM should map, if any.
+
+    ``$EOP_SPARK_CLASS_ARCHIVE`` (a path; empty turns archives off), else the
+    image's, else the dev cache's.
+    """
+    explicit = os.environ.get("EOP_SPARK_CLASS_ARCHIVE")
+    if explicit is not None:
+        return Path(explicit) if explicit and Path(explicit).is_file() else None
+    for candidate in (IMAGE_ARCHIVE, cache_archive()):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def java_options(archive: Path | None) -> str:
+    """Driver JVM options that map ``archive`` (nothing without one)."""
+    if archive is None:
+        return ""
+    # -Xshare:auto (the default, spelled out): an archive that does not fit is skipped.
+    return f"-XX:SharedArchiveFile={archive} -Xshare:auto"
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def ensure_archive(path: Path | None = None) -> Path:
+    """Build the archive at ``path`` (default: the dev cache) unless it exists; return it."""
+    target = path or cache_archive()
+    with _lock(target):
+        if not target.is_file():
+            build_archive(target)
+    return target
+
+
+def build_archive(target: Path) -> None:
+    """Run the training in a fresh process and move its archive to ``target``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="eop-cds-", dir=target.parent) as work:
+        partial = Path(work) / "classes.jsa"
+        subprocess.run(
+            [sys.executable, "-m", "eop_spark.class_archive", "--train", str(partial)],
+            check=True,
+            timeout=TRAIN_TIMEOUT_S,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        if not partial.is_file():
+            raise RuntimeError(f"the training JVM wrote no class archive to {partial}")
+        os.replace(partial, target)
+
+
+def _count(batches: Iterator[Any]) -> Iterator[Any]:
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    rows = sum(batch.num_rows for batch in batches)
+    yield pa.RecordBatch.from_pylist([{"rows": rows}])
+
+
+def train(partial: Path) -> None:
+    """The training run: what a runner does up to its first batch, on a file source."""
+    from eop_spark.config import RunConfig
+    from eop_spark.jars import connector_jars
+    from eop_spark.session import build_session
+
+    work = Path(tempfile.mkdtemp(prefix="eop-cds-train-"))
+    try:
+        (work / "in").mkdir()
+        (work / "in" / "part-0.txt").write_text("".join(f"{i}\n" for i in range(1000)))
+        config = RunConfig.model_validate(
+            {
+                "pipeline": "eop.class-archive",
+                "source": {"kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["none"]}},
+                "transform": {"sql": "SELECT value AS key, value FROM source"},
+                "sink": {"kafka": {"bootstrapServers": "127.0.0.1:9", "topic": "none"}},
+                "transactionalIdPrefix": "eop.class-archive",
+                "progressGroup": "eop.class-archive",
+                "checkpointRoot": str(work / "checkpoints"),
+            }
+        )
+        jars = connector_jars()
+        spark = build_session(config, jars, archive_at_exit=partial)
+        # The Kafka source's analysis loads the connector and most of Spark SQL's machinery.
+        spark.readStream.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:9").option(
+            "subscribe", "none"
+        ).load().createOrReplaceTempView("kafka_source")
+        spark.sql("SELECT key, value, topic, partition, offset FROM kafka_source").schema  # noqa: B018
+        spark.readStream.format("text").load(str(work / "in")).createOrReplaceTempView("source")
+        stream = spark.sql(config.transform.sql or "")
+
+        def body(df: Any, _batch_id: int) -> None:
+            df.select("key", "value").mapInArrow(_count, "rows long").collect()
+
+        query = (
+            stream.writeStream.foreachBatch(body)
+            .option("checkpointLocation", config.checkpoint_location)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        _stop_jvm(spark)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _stop_jvm(spark: Any) -> None:
+    """Stop Spark and wait for its JVM to exit (it writes the archive on the way out)."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    spark.stop()
+    process = getattr(gateway, "proc", None)
+    if process is None:
+        raise RuntimeError("the Spark JVM was not started by this process")
+    process.stdin.close()  # the gateway JVM exits when its stdin closes
+    if process.wait(TRAIN_TIMEOUT_S) != 0:
+        raise RuntimeError(f"the training JVM exited with {process.returncode}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``[PATH]``: build the archive (default: the dev cache); ``--train PATH``: internal."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--train"]:
+        train(Path(args[1]))
+        return 0
+    print(ensure_archive(Path(args[0]) if args else None))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
