@@ -86,15 +86,24 @@ SCHEDULING_TIMEOUT = 60.0
 DRIVER_CPU = "500m"
 
 
-def eventually(check: Callable[[], Any], timeout: float, what: str, interval: float = 1.0) -> Any:
-    """Poll ``check`` until truthy; raise :class:`DemoError` naming ``what`` after ``timeout``."""
+def eventually(
+    check: Callable[[], Any],
+    timeout: float,
+    what: Callable[[], str] | str,
+    interval: float = 1.0,
+) -> Any:
+    """Poll ``check`` until truthy; raise :class:`DemoError` naming ``what`` after ``timeout``.
+
+    ``what`` may be a callable, evaluated only on timeout (to describe the state then).
+    """
     deadline = time.monotonic() + timeout
     while True:
         result = check()
         if result:
             return result
         if time.monotonic() > deadline:
-            raise DemoError(f"timed out after {timeout:.0f}s waiting for {what}")
+            detail = what() if callable(what) else what
+            raise DemoError(f"timed out after {timeout:.0f}s waiting for {detail}")
         time.sleep(interval)
 
 

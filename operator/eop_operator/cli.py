@@ -127,7 +127,7 @@ async def _operate(args: argparse.Namespace) -> int:
     import kopf
 
     from eop_operator import metrics, monitor  # noqa: F401  (monitor registers its handlers)
-    from eop_operator.handlers import _login
+    from eop_operator.handlers import connection_info
     from eop_operator.kube.client import KubeClient
     from eop_operator.kube.lease import LeaderElector
 
@@ -144,7 +144,7 @@ async def _operate(args: argparse.Namespace) -> int:
             identity = (
                 f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
             )
-            client = KubeClient(lambda: _login(kopf.OperatorSettings()))
+            client = KubeClient(lambda: connection_info(kopf.OperatorSettings()))
             elector = LeaderElector(
                 client,
                 namespace=_operator_namespace(args.leader_election_namespace),

@@ -66,7 +66,8 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+def connection_info(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+    """The in-cluster service account (API server from the service env), else the kubeconfig."""
     info = kopf.login_with_service_account(settings=settings)
     if info is not None:
         # Like client-go's in-cluster config: the service env names the API server.
@@ -87,7 +88,7 @@ def _login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
 @kopf.on.login()
 def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
     """Authenticate with the in-cluster service account, else the kubeconfig."""
-    return _login(settings)
+    return connection_info(settings)
 
 
 @kopf.on.startup()
@@ -103,7 +104,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # Least privilege: no cluster-wide CRD or namespace listing; resources are named explicitly.
     settings.scanning.disabled = True
     settings.watching.server_timeout = 270
-    memo.client = KubeClient(lambda: _login(settings))
+    memo.client = KubeClient(lambda: connection_info(settings))
     memo.options = OPTIONS
 
 

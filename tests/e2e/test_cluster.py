@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from demo.run import DRIVER_CPU, SCHEDULING_TIMEOUT, Images, operator_values
+from demo.run import DRIVER_CPU, SCHEDULING_TIMEOUT, Images, eventually, operator_values
 from devenv.cluster import NODE_NAME, REPO
 from devenv.kafka import KafkaBroker
 from tests.e2e.conftest import E2ECluster
@@ -38,16 +38,8 @@ CHART = REPO / "charts" / "eop"
 
 
 def _eventually(check: Callable[[], Any], timeout: float, what: Callable[[], str] | str) -> Any:
-    """Poll ``check`` until it returns something truthy; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            detail = what() if callable(what) else what
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {detail}")
-        time.sleep(0.5)
+    """Poll ``check`` every 0.5 s until truthy; fail naming ``what`` after ``timeout``."""
+    return eventually(check, timeout, what, interval=0.5)
 
 
 def _get(e2e: E2ECluster, *args: str) -> dict[str, Any]:

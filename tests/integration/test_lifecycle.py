@@ -417,6 +417,21 @@ def test_each_upgrade_mode_restarts_the_driver_as_documented(
     assert p.watch.hashes() == [first, second, third, fourth]
 
 
+def _hold(p: Pipeline, pod: dict[str, Any], finalizers: list[str] | None) -> None:
+    """Set ``pod``'s finalizers: ``[HOLD]`` keeps a deleted pod Terminating, None lets it go."""
+    p.cp.kubectl(
+        "patch",
+        "pod",
+        pod["metadata"]["name"],
+        "-n",
+        p.ns,
+        "--type=merge",
+        "-p",
+        json.dumps({"metadata": {"finalizers": finalizers}}),
+        check=True,
+    )
+
+
 def test_an_operator_killed_mid_upgrade_finishes_it_with_one_driver(
     pipeline: Callable[..., Pipeline], operator: Operator
 ) -> None:
@@ -424,17 +439,7 @@ def test_an_operator_killed_mid_upgrade_finishes_it_with_one_driver(
     old = p.running()
     old_pod = p.pod_of(old)
     # The old driver takes its time to stop (a batch in flight): hold it in Terminating.
-    p.cp.kubectl(
-        "patch",
-        "pod",
-        old_pod["metadata"]["name"],
-        "-n",
-        p.ns,
-        "--type=merge",
-        "-p",
-        json.dumps({"metadata": {"finalizers": [HOLD]}}),
-        check=True,
-    )
+    _hold(p, old_pod, [HOLD])
     p.spec["transform"]["sql"] = "SELECT key, upper(value) AS value FROM source"
     p.apply()
     wait_for(lambda: (p.status().get("upgrade") or {}).get("step") == "Stopping", "step Stopping")
@@ -442,17 +447,7 @@ def test_an_operator_killed_mid_upgrade_finishes_it_with_one_driver(
     operator.kill()
 
     # The old driver finally stops while no operator runs; a new operator takes over.
-    p.cp.kubectl(
-        "patch",
-        "pod",
-        old_pod["metadata"]["name"],
-        "-n",
-        p.ns,
-        "--type=merge",
-        "-p",
-        json.dumps({"metadata": {"finalizers": None}}),
-        check=True,
-    )
+    _hold(p, old_pod, None)
     operator.start()
     wait_for(lambda: (p.status().get("upgrade") or {}).get("step") == "Starting", "step Starting")
     # Killed again while the new driver starts: the next operator still completes.
