@@ -198,6 +198,7 @@ class Pipeline:
             **spec,
         }
         self.watch = PodWatch(cp, namespace, name)
+        self._last_failed = ""
 
     def apply(self) -> None:
         manifest = {
@@ -285,7 +286,10 @@ class Pipeline:
     def make_ready(self, spec_hash: str) -> None:
         """The kubelet's part: the driver container runs and is Ready."""
         pod = self.pod_of(spec_hash)
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        # finishedAt has one-second precision, like the kubelet's: each failure gets its own.
+        while (now := time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())) == self._last_failed:
+            time.sleep(0.05)
+        self._last_failed = now
         self._status_patch(
             pod["metadata"]["name"],
             {
@@ -307,7 +311,10 @@ class Pipeline:
     def fail(self, spec_hash: str, message: str, exit_code: int = 4) -> str:
         """The driver exits with ``message`` in its termination log; returns the pod uid."""
         pod = self.pod_of(spec_hash)
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        # finishedAt has one-second precision, like the kubelet's: each failure gets its own.
+        while (now := time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())) == self._last_failed:
+            time.sleep(0.05)
+        self._last_failed = now
         self._status_patch(
             pod["metadata"]["name"],
             {

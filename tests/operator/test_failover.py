@@ -38,6 +38,35 @@ def test_each_restart_is_counted_once_however_often_it_is_seen() -> None:
     assert more.status.restarts == 3 and len(more.status.recent) == 3
 
 
+def test_the_last_termination_is_the_one_that_ended_last_whatever_order_it_is_seen() -> None:
+    def ended(uid: str, message: str, at: str) -> PodObservation:
+        return PodObservation(
+            name="p-driver-0",
+            uid=uid,
+            phase="Failed",
+            termination=Termination(4, f"eop: error: [Failed] {message}", finished_at=at),
+        )
+
+    # The watch event of the later pod is handled before the earlier pod's.
+    later = count_failures(
+        FailoverStatus(), (ended("c", "third", "2026-01-01T12:00:09Z"),), now=NOW, spec=SPEC
+    )
+    earlier = count_failures(
+        later.status, (ended("b", "second", "2026-01-01T12:00:05Z"),), now=NOW, spec=SPEC
+    )
+    assert earlier.status.restarts == 2
+    assert earlier.status.last_message == "third"
+    # Seen together, they are reported in the order they ended.
+    both = count_failures(
+        FailoverStatus(),
+        (ended("c", "third", "2026-01-01T12:00:09Z"), ended("b", "second", "2026-01-01T12:00:05Z")),
+        now=NOW,
+        spec=SPEC,
+    )
+    assert [f.message for f in both.new] == ["second", "third"]
+    assert both.status.last_message == "third"
+
+
 def test_restarts_outside_the_window_do_not_count_toward_degraded() -> None:
     counted = count_failures(FailoverStatus(), (crashed("a", 3),), now=NOW, spec=SPEC)
     assert crash_looping(counted.status, SPEC)

@@ -408,6 +408,9 @@ class FailoverStatus(BaseModel):
     )
     last_reason: str | None = Field(default=None, description="Reason of the last termination.")
     last_message: str | None = Field(default=None, description="The last termination message.")
+    last_time: str | None = Field(
+        default=None, description="When the last termination happened (its finishedAt)."
+    )
     seen: dict[str, int] = Field(
         default_factory=dict, description="Per driver pod uid: terminations already counted."
     )

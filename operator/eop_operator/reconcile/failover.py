@@ -81,8 +81,7 @@ def count_failures(
     # Pods that are gone stay remembered for a while: a late watch event must not count twice.
     seen: dict[str, int] = dict(list(previous.seen.items())[-SEEN_PODS:])
     recent = [t for t in previous.recent if now - parse_stamp(t) <= window]
-    new: list[Failure] = []
-    status = previous
+    ended: list[tuple[str, Failure, int]] = []
     for pod in pods:
         total = pod.failures
         before = previous.seen.get(pod.uid, 0)
@@ -92,16 +91,25 @@ def count_failures(
         if total <= before or pod.termination is None:
             continue
         reason, message = classify(pod.termination)
-        new.append(Failure(pod.name, pod.spec_hash, reason, message))
+        at = pod.termination.finished_at or stamp(now)
+        ended.append((at, Failure(pod.name, pod.spec_hash, reason, message), total - before))
         recent.extend([stamp(now)] * (total - before))
+    # Watch events of different pods arrive in any order: the last termination is
+    # the one that ended last, not the one counted last.
+    ended.sort(key=lambda item: item[0])
+    status = previous.model_copy(
+        update={
+            "restarts": previous.restarts + sum(n for _, _, n in ended),
+            "recent": recent,
+            "seen": seen,
+        }
+    )
+    if ended and (previous.last_time is None or ended[-1][0] >= previous.last_time):
+        at, last, _ = ended[-1]
         status = status.model_copy(
-            update={
-                "restarts": status.restarts + total - before,
-                "last_reason": reason.value,
-                "last_message": message,
-            }
+            update={"last_reason": last.reason.value, "last_message": last.message, "last_time": at}
         )
-    return Counted(status.model_copy(update={"recent": recent, "seen": seen}), tuple(new))
+    return Counted(status, tuple(failure for _, failure, _ in ended))
 
 
 def crash_looping(status: FailoverStatus, spec: FailoverSpec) -> bool:

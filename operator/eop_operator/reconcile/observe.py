@@ -20,6 +20,8 @@ class Termination:
     message: str
     #: Whether it ended right now (state.terminated) rather than before a restart.
     current: bool = False
+    #: When it ended (the kubelet's ``finishedAt``, RFC 3339 seconds), if known.
+    finished_at: str | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class PodObservation:
                     exit_code=int(ended.get("exitCode", 1)),
                     message=str(ended.get("message") or ended.get("reason") or ""),
                     current=now is not None,
+                    finished_at=ended.get("finishedAt"),
                 )
         generation = annotations.get(GENERATION_ANNOTATION)
         return cls(
