@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--sizes", default="100,1024", help="record sizes in bytes")
-    parser.add_argument("--rounds", type=int, default=3, help="runs per contender (best kept)")
+    parser.add_argument("--rounds", type=int, default=5, help="runs per contender (best kept)")
     parser.add_argument("--recovery-samples", type=int, default=2)
     parser.add_argument("--work", type=Path, help="work directory (default: a temp dir)")
     args = parser.parse_args(argv)

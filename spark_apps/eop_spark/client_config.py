@@ -123,6 +123,11 @@ def producer_config(
         # Nagle's algorithm each transaction waited tens of ms on them (measured ~60 ms of
         # ~200 ms per partition and batch). Latency only; nothing about what is committed.
         "socket.nagle.disable": True,
+        # Connect to the brokers as soon as metadata names them: with sparse connections,
+        # librdkafka 2.x drops the bootstrap connection and about one init_transactions in
+        # three then waited for a 500 ms retry timer (measured: taking 5 ids over 530 ms
+        # -> 80 ms). A producer writes to most brokers anyway.
+        "enable.sparse.connections": False,
         # Keyed records land where Java producers (and Spark's Kafka sink) put them.
         "partitioner": "murmur2_random",
         **client,
