@@ -34,6 +34,8 @@ def test_minimal_manifest_gets_documented_defaults(manifest: dict[str, Any]) -> 
         (["spec", "trigger"], {"processingTime": "5s", "availableNow": True}, "spec.trigger"),
         (["spec", "checkpoint"], {"uri": "s3a://b/p", "retention": "Delete"}, "spec.checkpoint"),
         (["spec", "spark", "master"], "yarn", "spec.spark.master"),
+        # Not offered until the operator honours it (see RestartPolicy).
+        (["spec", "restartPolicy"], "Never", "spec.restartPolicy"),
         (["spec", "surprise"], 1, "spec.surprise"),
         (["metadata", "name"], "x" * 43, "metadata.name"),
     ],

@@ -178,10 +178,15 @@ class FailoverSpec(SpecModel):
 
 
 class RestartPolicy(StrEnum):
-    """Whether a driver that exits is started again."""
+    """Whether a driver that exits is started again.
+
+    Only ``Always`` for now: the driver runs in a StatefulSet, which restarts it,
+    and ``spec.failover`` governs backoff and Degraded.  ``Never`` (stop for good
+    after an exit) is not offered until the operator honours it; the API server
+    rejects it rather than accept a setting that would do nothing.
+    """
 
     ALWAYS = "Always"
-    NEVER = "Never"
 
 
 class HealthSpec(SpecModel):
@@ -270,7 +275,10 @@ class PipelineSpec(SpecModel):
     spark: SparkSpec = Field(default_factory=SparkSpec)
     transactions: Transactions = Field(default_factory=Transactions)
     upgrade: UpgradeSpec = Field(default_factory=UpgradeSpec)
-    restart_policy: RestartPolicy = Field(default=RestartPolicy.ALWAYS)
+    restart_policy: RestartPolicy = Field(
+        default=RestartPolicy.ALWAYS,
+        description="Always: the driver is restarted when it exits (see failover).",
+    )
     failover: FailoverSpec = Field(default_factory=FailoverSpec)
     suspend: bool = Field(default=False, description="Stop the driver gracefully, keep state.")
     restart_nonce: str | None = Field(
