@@ -73,10 +73,15 @@ class OperatorProcess:
 
     def __init__(self, kubeconfig: Path, log: Path, *args: str, pod_name: str = "op") -> None:
         self.log = log
+        self.args = args
+        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAME": pod_name}
+        self.start()
+
+    def start(self) -> None:
+        """Start the process (again, after :meth:`kill`: like a restarted pod); log appended."""
         self.health_port = free_port()
         self.metrics_port = free_port()
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAME": pod_name}
-        with log.open("w") as sink:
+        with self.log.open("a") as sink:
             self.proc = subprocess.Popen(
                 [
                     sys.executable,
@@ -89,11 +94,11 @@ class OperatorProcess:
                     f"http://127.0.0.1:{self.health_port}/healthz",
                     "--metrics-port",
                     str(self.metrics_port),
-                    *args,
+                    *self.args,
                 ],
                 stdout=sink,
                 stderr=subprocess.STDOUT,
-                env=env,
+                env=self.env,
             )
 
     def text(self) -> str:

@@ -11,13 +11,9 @@ driver pods runs for each whole test and checks that no two exist at once.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,8 +22,7 @@ import pytest
 import yaml
 
 from devenv.kube import ControlPlane
-from devenv.processes import free_port
-from tests.integration.operators import wait_for
+from tests.integration.operators import OperatorProcess, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "exactlyoncepipelines.exactlyonce.io.yaml"
@@ -35,59 +30,6 @@ HASH = "exactlyonce.io/spec-hash"
 HOLD = "eop.test/hold"
 
 pytestmark = pytest.mark.kube
-
-
-class Operator:
-    """``eop operator`` as a subprocess watching one namespace; can be SIGKILLed and restarted."""
-
-    def __init__(self, cp: ControlPlane, namespace: str, log: Path) -> None:
-        self.cp, self.namespace, self.log = cp, namespace, log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        port = free_port()
-        with self.log.open("a") as sink:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "eop_operator.cli",
-                    "operator",
-                    "--namespace",
-                    self.namespace,
-                    "--default-image",
-                    "localhost/eop-spark:test",
-                    "--liveness",
-                    f"http://127.0.0.1:{port}/healthz",
-                ],
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                env=self.cp.env(),
-            )
-
-        def alive() -> bool:
-            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
-                    return True
-            except OSError:
-                return False
-
-        wait_for(alive, "the operator's liveness endpoint")
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, no handler finishes."""
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 class PodWatch:
@@ -176,10 +118,11 @@ def crd(control_plane: ControlPlane) -> None:
 @pytest.fixture
 def operator(
     control_plane: ControlPlane, crd: None, kube_namespace: str, tmp_path: Path
-) -> Iterator[Operator]:
+) -> Iterator[OperatorProcess]:
     """A running operator for the test's namespace."""
-    op = Operator(control_plane, kube_namespace, tmp_path / "operator.log")
-    op.start()
+    log = tmp_path / "operator.log"
+    op = OperatorProcess(control_plane.kubeconfig, log, "--namespace", kube_namespace)
+    wait_for(op.alive, "the operator's liveness endpoint")
     yield op
     op.stop()
     text = op.log.read_text()
@@ -286,10 +229,7 @@ class Pipeline:
     def make_ready(self, spec_hash: str) -> None:
         """The kubelet's part: the driver container runs and is Ready."""
         pod = self.pod_of(spec_hash)
-        # finishedAt has one-second precision, like the kubelet's: each failure gets its own.
-        while (now := time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())) == self._last_failed:
-            time.sleep(0.05)
-        self._last_failed = now
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self._status_patch(
             pod["metadata"]["name"],
             {
@@ -364,7 +304,7 @@ class Pipeline:
 
 @pytest.fixture
 def pipeline(
-    control_plane: ControlPlane, kube_namespace: str, operator: Operator
+    control_plane: ControlPlane, kube_namespace: str, operator: OperatorProcess
 ) -> Iterator[Callable[..., Pipeline]]:
     made: list[Pipeline] = []
 
@@ -440,7 +380,7 @@ def _hold(p: Pipeline, pod: dict[str, Any], finalizers: list[str] | None) -> Non
 
 
 def test_an_operator_killed_mid_upgrade_finishes_it_with_one_driver(
-    pipeline: Callable[..., Pipeline], operator: Operator
+    pipeline: Callable[..., Pipeline], operator: OperatorProcess
 ) -> None:
     p = pipeline("wal", upgrade={"mode": "committed-offsets"})
     old = p.running()
@@ -456,10 +396,12 @@ def test_an_operator_killed_mid_upgrade_finishes_it_with_one_driver(
     # The old driver finally stops while no operator runs; a new operator takes over.
     _hold(p, old_pod, None)
     operator.start()
+    wait_for(operator.alive, "the restarted operator")
     wait_for(lambda: (p.status().get("upgrade") or {}).get("step") == "Starting", "step Starting")
     # Killed again while the new driver starts: the next operator still completes.
     operator.kill()
     operator.start()
+    wait_for(operator.alive, "the restarted operator")
     new = p.running()
     assert new != old
     assert p.run_json()["generation"] == 1

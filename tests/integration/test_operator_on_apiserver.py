@@ -8,10 +8,6 @@ pods stay Pending and the phase stays Pending.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,11 +16,8 @@ import pytest
 import yaml
 
 from devenv.kube import ControlPlane
-from devenv.processes import free_port
-from tests.integration.operators import wait_for
+from tests.integration.operators import OperatorProcess, install_chart, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "eop"
 OPERATOR_NAMESPACE = "eop-system"
 
 pytestmark = pytest.mark.kube
@@ -40,66 +33,12 @@ def operator(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Path]:
     """Install the chart (CRD + RBAC), then run `eop operator` as the chart's ServiceAccount."""
-    control_plane.helm(
-        "install",
-        "eop",
-        str(CHART),
-        "--namespace",
-        OPERATOR_NAMESPACE,
-        "--create-namespace",
-        "--wait=false",
-        check=True,
-    )
-    accounts = json.loads(
-        control_plane.kubectl(
-            "get",
-            "serviceaccounts",
-            "-n",
-            OPERATOR_NAMESPACE,
-            "-l",
-            "app.kubernetes.io/instance=eop",
-            "-o",
-            "json",
-            check=True,
-        ).stdout
-    )["items"]
-    assert len(accounts) == 1, "the chart creates exactly one ServiceAccount"
-    kubeconfig = control_plane.service_account_kubeconfig(
-        OPERATOR_NAMESPACE, accounts[0]["metadata"]["name"]
-    )
+    kubeconfig = install_chart(control_plane, "eop", OPERATOR_NAMESPACE)
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    port = free_port()
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    with log.open("w") as sink:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "eop_operator.cli",
-                "operator",
-                "--all-namespaces",
-                "--default-image",
-                "localhost/eop-spark:test",
-                "--liveness",
-                f"http://127.0.0.1:{port}/healthz",
-            ],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-
-    def alive() -> bool:
-        assert proc.poll() is None, f"operator exited:\n{log.read_text()[-3000:]}"
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
-                return True
-        except OSError:
-            return False
-
-    wait_for(alive, "the operator's liveness endpoint", timeout=60)
+    op = OperatorProcess(kubeconfig, log, "--all-namespaces")
+    wait_for(op.alive, "the operator's liveness endpoint", timeout=60)
     yield log
-    proc.terminate()
-    proc.wait(timeout=30)
+    op.stop()
     # Other modules' namespaces being deleted refuse new events with 403 too; that is not RBAC.
     denied = [
         line
