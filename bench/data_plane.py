@@ -9,7 +9,7 @@ on 4 partitions), read with ``read_committed`` and written to a fresh topic by:
   (d) the broker's ProducerPerformance tool: the ceiling for writing N records.
 
 (a)-(c) run in one SparkSession (warmed up first), availableNow, N/4 offsets per
-batch, the same producer batching (linger 20 ms, 1 MB batches).  Two figures
+batch, the same producer batching (eop's defaults: linger.ms, batch.size).  Two figures
 each: N divided by the query's wall time (start-up included: eop plans the
 query and takes its transactional ids over before Spark starts it), and N
 divided by the time of the batches themselves (the sum of Spark's
@@ -49,7 +49,11 @@ from confluent_kafka import Producer  # noqa: E402
 
 from devenv.kafka import PRODUCER_PERF_TOOL, KafkaBroker, spark_kafka_jars  # noqa: E402
 from eop_spark.class_archive import ensure_archive  # noqa: E402
-from eop_spark.client_config import sink_client_config, spark_source_options  # noqa: E402
+from eop_spark.client_config import (  # noqa: E402
+    producer_config,
+    sink_client_config,
+    spark_source_options,
+)
 from eop_spark.config import RunConfig  # noqa: E402
 from eop_spark.runner import PipelineRun  # noqa: E402
 from eop_spark.session import build_session  # noqa: E402
@@ -57,7 +61,11 @@ from tests.spark_apps.harness import Pipeline, end_offsets, read_committed  # no
 
 PARTITIONS = 4
 # The batching eop's producers use by default, given to every contender.
-PRODUCER_TUNING = {"linger.ms": "20", "batch.size": "1000000"}
+PRODUCER_TUNING = {
+    key: str(value)
+    for key, value in producer_config({}, "bench", "60s").items()
+    if key in ("linger.ms", "batch.size")
+}
 
 
 def fill(broker: KafkaBroker, topic: str, records: int, size: int) -> None:

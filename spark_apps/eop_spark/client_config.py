@@ -115,8 +115,10 @@ def producer_config(
 ) -> dict[str, str | int | bool]:
     """A transactional producer's settings on top of the sink client settings."""
     conf: dict[str, str | int | bool] = {
-        # Throughput defaults the user may override through sink options.
-        "linger.ms": 20,
+        # Throughput defaults the user may override through sink options. Commits flush at
+        # once, so a long linger delays nothing a read_committed reader sees; it fills 1 MB
+        # batches (measured: ~0.7-1 core-s less broker CPU per 1M x 100 B than linger 20).
+        "linger.ms": 200,
         "batch.size": 1_000_000,
         "queue.buffering.max.messages": 500_000,
         # Send small requests (AddOffsetsToTxn, EndTxn...) at once, as Java clients do: with

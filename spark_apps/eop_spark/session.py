@@ -64,11 +64,6 @@ def session_conf(
         "spark.driver.extraJavaOptions": " ".join(
             o for o in (f"-Dlog4j2.configurationFile=file:{log4j2}", java_options) if o
         ),
-        # The partitioned sink's tasks stream Arrow batches from the JVM into librdkafka: a
-        # task's producer starts, and its transaction ends, one batch after the JVM's, so
-        # batches of 2,000 rows instead of Spark's 10,000 shorten every task (measured
-        # faster on 1 KiB records; rows per batch change nothing about what is committed).
-        "spark.sql.execution.arrow.maxRecordsPerBatch": "2000",
         # Any other byte limit than Int.MaxValue (Spark 4.0's default is 256 MB) makes the
         # JVM measure the Arrow batch after every row it adds: a fifth of the driver's CPU.
         "spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1),

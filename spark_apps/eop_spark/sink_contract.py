@@ -17,10 +17,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eop_spark.errors import ConfigError
 from eop_spark.transactions import TransactionalProducer
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
 
 VALUE = "value"
 KEY = "key"
@@ -122,6 +125,24 @@ def produce_columns(
     values = columns[0]
     producer.produce_pairs(topic, values, columns[1] if layout.has_key else [None] * len(values))
     return len(values)
+
+
+def produce_arrow_batch(
+    producer: TransactionalProducer, topic: str, batch: pa.RecordBatch, layout: OutputLayout
+) -> int:
+    """Produce the rows of an Arrow batch holding (at least) ``layout.columns()``.
+
+    The common shape (value, optionally key) goes to librdkafka as Arrow
+    columns when the producer takes them (:mod:`eop_spark.native_produce`);
+    headers or a target partition, row by row through ``produce()``.
+    """
+    if producer.takes_arrow and not (layout.has_headers or layout.has_partition):
+        producer.produce_arrow(
+            topic, batch.column(VALUE), batch.column(KEY) if layout.has_key else None
+        )
+        return int(batch.num_rows)
+    lists = [batch.column(name).to_pylist() for name in layout.columns()]
+    return produce_columns(producer, topic, lists, layout)
 
 
 def produce_rows(

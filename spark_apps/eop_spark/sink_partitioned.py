@@ -46,7 +46,7 @@ from eop_spark.sink_contract import (
     SOURCE_PARTITION,
     SOURCE_TOPIC,
     OutputLayout,
-    produce_columns,
+    produce_arrow_batch,
 )
 from eop_spark.sink_settings import SinkSettings
 from eop_spark.transactions import TransactionalProducer
@@ -192,7 +192,6 @@ def _produce(
     import pyarrow.compute as pc  # type: ignore[import-untyped]
 
     rows_out = 0
-    columns = layout.columns()
     for batch in batches:
         if batch.num_rows == 0:
             continue
@@ -201,8 +200,7 @@ def _produce(
         if committed > 0 and pc.min(offsets).as_py() < committed:
             # Part of this range is visible already (e.g. a writer with other batch bounds).
             batch = batch.filter(pc.greater_equal(offsets, committed))
-        lists = [batch.column(name).to_pylist() for name in columns]
-        rows_out += produce_columns(producer, topic, lists, layout)
+        rows_out += produce_arrow_batch(producer, topic, batch, layout)
     return rows_out
 
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from eop_spark import native_produce
 from eop_spark.errors import PipelineFailed, ProducerFenced, SinkRetryable
 from eop_spark.offsets import Offsets
 
@@ -64,6 +65,7 @@ class TransactionalProducer:
         self._fatal: Any = None
         self.in_transaction = False
         self._producer = Producer({**conf, "error_cb": self._on_error, "logger": _LIBRDKAFKA_LOG})
+        self._native = native_produce.attach(self._producer, self.transactional_id)
         self._call(lambda t: self._producer.init_transactions(t), "init_transactions", timeout)
 
     def _on_error(self, error: Any) -> None:
@@ -204,6 +206,32 @@ class TransactionalProducer:
             if self._fatal is not None:
                 self._raise(self._fatal, "produce")
             pending = failed
+
+    @property
+    def takes_arrow(self) -> bool:
+        """Whether :meth:`produce_arrow` can queue Arrow columns directly (see native_produce)."""
+        return self._native is not None
+
+    def produce_arrow(self, topic: str, value: Any, key: Any = None, partition: Any = None) -> None:
+        """Queue records given as Arrow arrays (value, optional key and partition).
+
+        Only when :attr:`takes_arrow`.  Waits while the local queue is full;
+        any other refusal raises like :meth:`produce_one`.
+        """
+        from confluent_kafka import KafkaError
+
+        if self._native is None:
+            raise RuntimeError("produce_arrow without the native path: check takes_arrow")
+        done = 0
+        while done < len(value):
+            queued, code = self._native.produce(topic, value, key, start=done)
+            done += queued
+            if code == native_produce.ERR_QUEUE_FULL:
+                self._producer.poll(0.05)  # the local queue is full: let librdkafka send
+                if self._fatal is not None:
+                    self._raise(self._fatal, "produce")
+            elif code:
+                self._raise(KafkaError(code), "produce")
 
     def commit(self, timeout: float = CALL_TIMEOUT_S) -> None:
         """Commit the open transaction (flushes queued records first)."""

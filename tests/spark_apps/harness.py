@@ -27,6 +27,7 @@ from confluent_kafka import (
     Consumer,
     KafkaError,
     KafkaException,
+    Message,
     Producer,
     TopicPartition,
 )
@@ -321,7 +322,12 @@ def end_offsets(broker: KafkaBroker, topic: str, timeout: float = 30) -> Offsets
 def read_committed(
     broker: KafkaBroker, topic: str, timeout: float = 60
 ) -> list[tuple[bytes | None, bytes | None]]:
-    """Read ``topic`` from the start to its end as a read_committed consumer."""
+    """Read ``topic`` from the start to its end as a read_committed consumer: (key, value)s."""
+    return [(m.key(), m.value()) for m in read_committed_messages(broker, topic, timeout)]
+
+
+def read_committed_messages(broker: KafkaBroker, topic: str, timeout: float = 60) -> list[Message]:
+    """Read ``topic`` from the start to its end as a read_committed consumer: the messages."""
     ends = end_offsets(broker, topic)
     consumer = Consumer(
         client_config(
@@ -332,7 +338,7 @@ def read_committed(
             enable_partition_eof=True,
         )
     )
-    records: list[tuple[bytes | None, bytes | None]] = []
+    records: list[Message] = []
     reached: dict[tuple[str, int], int] = {}
     try:
         consumer.assign([TopicPartition(t, p, 0) for (t, p) in ends])
@@ -341,7 +347,7 @@ def read_committed(
             for message in consumer.consume(10_000, 0.5):
                 error = message.error()
                 if error is None:
-                    records.append((message.key(), message.value()))
+                    records.append(message)
                 elif error.code() == KafkaError._PARTITION_EOF:
                     # EOF comes after markers and aborted records too: a sure end.
                     reached[(message.topic(), message.partition())] = message.offset()
