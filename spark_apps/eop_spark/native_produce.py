@@ -16,8 +16,8 @@ library its wheel ships), on the producer confluent-kafka created: the
 transaction calls, error callbacks and delivery all stay with confluent-kafka;
 only the enqueueing of records is done here.  The ``rd_kafka_t`` handle is the
 first field after the Python object header of a confluent-kafka client (its C
-``Handle`` struct, unchanged across the 1.x and 2.x releases); it is used only
-after three checks: confluent-kafka's major version is a known one, the
+``Handle`` struct in the 2.x releases); it is used only after three checks:
+confluent-kafka's major version is a known one, the
 library reports the version confluent-kafka reports, and the handle's opaque
 pointer is the Python producer object itself (confluent-kafka registers it so)
 with the producer's own ``transactional.id``.  If any check fails (another
@@ -49,8 +49,9 @@ log = logging.getLogger(__name__)
 
 #: Set (to anything but 0) to turn the fast path off: every record goes through produce().
 DISABLE_ENV = "EOP_NO_NATIVE_PRODUCE"
-#: confluent-kafka major versions whose client objects start with ``rd_kafka_t *rk``.
-KNOWN_MAJOR_VERSIONS = ("1", "2")
+#: confluent-kafka major versions whose client objects start with ``rd_kafka_t *rk``
+#: (the one pinned and tested; a new major version falls back until checked).
+KNOWN_MAJOR_VERSIONS = ("2",)
 
 _MSG_F_COPY = 0x2
 _PARTITION_UA = -1
@@ -80,7 +81,6 @@ class Librdkafka:
             function = getattr(lib, name)
             function.restype, function.argtypes = restype, argtypes
         self.lib = lib
-        self.path = path
 
     def conf_value(self, rk: int, name: str) -> str | None:
         """The value of property ``name`` in the configuration ``rk`` was created with."""

@@ -160,10 +160,7 @@ class TransactionalProducer:
                     producer.produce(topic, value, key)
                 return
             except BufferError:
-                # The local queue is full: let librdkafka send, then try again.
-                producer.poll(0.05)
-                if self._fatal is not None:
-                    self._raise(self._fatal, "produce")
+                self._wait_for_room()
             except KafkaException as exc:
                 self._raise(_kafka_error(exc), "produce")
 
@@ -202,18 +199,22 @@ class TransactionalProducer:
             other = next((e for e in errors if e.code() != KafkaError._QUEUE_FULL), None)
             if other is not None:
                 self._raise(other, "produce")
-            self._producer.poll(0.05)  # the local queue is full: let librdkafka send
-            if self._fatal is not None:
-                self._raise(self._fatal, "produce")
+            self._wait_for_room()
             pending = failed
+
+    def _wait_for_room(self) -> None:
+        """The local queue is full: let librdkafka send a moment (raises if the producer died)."""
+        self._producer.poll(0.05)
+        if self._fatal is not None:
+            self._raise(self._fatal, "produce")
 
     @property
     def takes_arrow(self) -> bool:
         """Whether :meth:`produce_arrow` can queue Arrow columns directly (see native_produce)."""
         return self._native is not None
 
-    def produce_arrow(self, topic: str, value: Any, key: Any = None, partition: Any = None) -> None:
-        """Queue records given as Arrow arrays (value, optional key and partition).
+    def produce_arrow(self, topic: str, value: Any, key: Any = None) -> None:
+        """Queue records given as Arrow arrays (value, optional key).
 
         Only when :attr:`takes_arrow`.  Waits while the local queue is full;
         any other refusal raises like :meth:`produce_one`.
@@ -227,9 +228,7 @@ class TransactionalProducer:
             queued, code = self._native.produce(topic, value, key, start=done)
             done += queued
             if code == native_produce.ERR_QUEUE_FULL:
-                self._producer.poll(0.05)  # the local queue is full: let librdkafka send
-                if self._fatal is not None:
-                    self._raise(self._fatal, "produce")
+                self._wait_for_room()
             elif code:
                 self._raise(KafkaError(code), "produce")
 
