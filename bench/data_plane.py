@@ -18,8 +18,8 @@ pipeline sustains; the same measure for every contender).  Each of (a)-(c)
 runs ``--rounds`` times, in a rotating order, and keeps its best round: on a
 shared machine that filters out the moments another process took the CPU, the
 same way for every contender.
-Then the recovery time: a runner on a continuously fed topic is SIGKILLed (whole
-process group) and restarted at once; the time from the kill to the first batch
+Then the recovery time: a runner on a continuously fed topic is SIGKILLed (runner,
+JVM and Python workers) and restarted at once; the time from the kill to the first batch
 the new runner commits.  Runners map the JVM class archive as they do in the
 dev environment and the image (built first if missing, see
 eop_spark.class_archive).

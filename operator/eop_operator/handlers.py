@@ -23,7 +23,7 @@ from eop_operator.api.models import ExactlyOncePipeline, PipelineStatus
 from eop_operator.api.resolve import IdentityChanged, resolve_identity
 from eop_operator.kube.client import KubeClient
 from eop_operator.kube.events import post_event
-from eop_operator.lifecycle import Renderer, drive
+from eop_operator.lifecycle import Renderer, drive, quiesce
 from eop_operator.reconcile.status import DriverObservation, judge, ready_column, status_patch
 from eop_operator.render import MissingImage, RenderedPipeline, render_pipeline
 from eop_operator.render.naming import (
@@ -108,9 +108,15 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.options = OPTIONS
 
 
+#: How long the operator's exit waits for lifecycle steps under way.
+QUIESCE_SECONDS = 10.0
+
+
 @kopf.on.cleanup()
-async def close(memo: kopf.Memo, **_: Any) -> None:
-    """Close the HTTP session."""
+async def close(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """Let the lifecycle steps under way finish, then close the HTTP session."""
+    if not await quiesce(QUIESCE_SECONDS):
+        logger.warning("a lifecycle step outlasted %ss at exit", QUIESCE_SECONDS)
     await memo.client.close()
 
 

@@ -53,6 +53,34 @@ _LOCKS: dict[tuple[str, str], asyncio.Lock] = {}
 MAX_STEPS = 6
 
 
+class _Shutdown:
+    """Set once the operator stops: :func:`drive` takes no further step."""
+
+    stopping = False
+
+
+async def quiesce(timeout: float) -> bool:
+    """Take no new lifecycle step; wait up to ``timeout`` for the steps under way.
+
+    The operator calls this before it closes its API client: kopf abandons a
+    timer that is mid-step when the operator exits, and that step would
+    otherwise fail on the closed client.  Returns False if a step outlasted
+    ``timeout``.
+    """
+    _Shutdown.stopping = True
+
+    async def settle() -> None:
+        for lock in list(_LOCKS.values()):
+            async with lock:
+                pass
+
+    try:
+        await asyncio.wait_for(settle(), timeout)
+    except TimeoutError:
+        return False
+    return True
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -76,6 +104,8 @@ async def drive(
     lock = _LOCKS.setdefault((namespace, name), asyncio.Lock())
     async with lock:
         for _ in range(MAX_STEPS):
+            if _Shutdown.stopping:
+                return None
             body = await client.get(API_VERSION, KIND, namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 _LOCKS.pop((namespace, name), None)

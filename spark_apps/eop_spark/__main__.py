@@ -2,12 +2,16 @@
 
 Options override the run config: ``--checkpoint-root DIR``, ``--generation N``;
 ``--log-format json`` writes one JSON object per log line.  Exit codes are
-documented in :mod:`eop_spark.errors`.
+documented in :mod:`eop_spark.errors`.  SIGUSR1 prints the stack of every
+thread of the runner to stderr (to see where a stuck runner waits); Spark's
+JVM prints its threads on SIGQUIT.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,6 +54,7 @@ def load_config(path: Path, checkpoint_root: str | None, generation: int | None)
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = _parser().parse_args(argv)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         config = load_config(args.config, args.checkpoint_root, args.generation)
     except OSError as exc:

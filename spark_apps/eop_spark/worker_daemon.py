@@ -18,14 +18,19 @@ source partition), and of every worker a restarted runner starts:
   (``gc.freeze``) before workers are forked: a reused worker runs a full
   ``gc.collect()`` after every task, which otherwise walks every object of
   those libraries each time.
+
+The daemon and its workers print their threads' stacks on SIGUSR1 (to
+stderr, which Spark copies into the runner's), like the runner does.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import importlib
 import logging
 import os
+import signal
 import sys
 from importlib.machinery import PathFinder
 
@@ -72,6 +77,7 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> None:
 
 def main() -> None:
     """Prepare this process, then run pyspark's daemon (it forks the workers)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # inherited by the workers
     drop_spark_archives()
     preload()
     from pyspark.daemon import manager  # reads the worker module from sys.argv

@@ -209,8 +209,45 @@ class Pipeline:
         try:
             return wait_for(probe, f"a driver pod of spec hash {spec_hash}", timeout)
         except AssertionError as exc:
-            seen = json.dumps({"status": self.status(), "events": self.events()}, indent=1)
-            raise AssertionError(f"{exc}; the pipeline: {seen[:4000]}") from None
+            raise AssertionError(f"{exc}\n{self.diagnosis()}") from None
+
+    def diagnosis(self) -> str:
+        """What the operator and the StatefulSet controller did, for a failure message."""
+        status = self.status()
+        sts = self.get("statefulset", f"{self.name}-driver") or {}
+        pods = json.loads(
+            self.cp.kubectl("get", "pods", "-n", self.ns, "-o", "json", check=True).stdout
+        )["items"]
+        seen = {
+            "events": self.events(),
+            "upgrade": status.get("upgrade"),
+            "specHash": status.get("specHash"),
+            "conditions": [(c["type"], c["status"], c["reason"]) for c in status["conditions"]],
+            "statefulset": {
+                "replicas": sts.get("spec", {}).get("replicas"),
+                "templateHash": (sts.get("spec", {}).get("template", {}).get("metadata", {}))
+                .get("annotations", {})
+                .get(HASH),
+                "status": sts.get("status"),
+            },
+            "pods": [
+                {
+                    "name": p["metadata"]["name"],
+                    "hash": p["metadata"].get("annotations", {}).get(HASH),
+                    "deletionTimestamp": p["metadata"].get("deletionTimestamp"),
+                    "finalizers": p["metadata"].get("finalizers"),
+                    "phase": p.get("status", {}).get("phase"),
+                }
+                for p in pods
+            ],
+        }
+        log = self.cp.log_path("kube-controller-manager")
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        mine = [line for line in lines if self.ns in line][-25:]
+        return (
+            f"the pipeline: {json.dumps(seen, indent=1)}\n"
+            "kube-controller-manager on this namespace:\n" + "\n".join(mine)
+        )
 
     def _status_patch(self, pod: str, status: dict[str, Any]) -> None:
         self.cp.kubectl(

@@ -1,8 +1,8 @@
 """Drive real runner processes against the real broker, and check what readers see.
 
 A :class:`Pipeline` owns a source and a sink topic, a work directory and a run
-config; :meth:`Pipeline.start` launches ``python -m eop_spark run`` as its own
-process group (so a SIGKILL takes the JVM and the Python workers with it, as a
+config; :meth:`Pipeline.start` launches ``python -m eop_spark run`` in a session
+of its own (so a kill takes the JVM and the Python workers with it, as a
 container kill does) and returns a :class:`Runner` that parses its JSON log.
 """
 
@@ -127,19 +127,47 @@ class Runner:
                     f"runner exited ({self.proc.returncode}) before {what}\n{self.tail()}"
                 )
             if time.monotonic() > deadline:
+                stacks = self.stacks()
                 raise AssertionError(
-                    f"timed out after {timeout}s waiting for {what}\n{self.tail()}"
+                    f"timed out after {timeout}s waiting for {what}\n{self.tail()}\n{stacks}"
                 )
             time.sleep(0.2)
+
+    def stacks(self) -> str:
+        """Where a stuck runner waits: its Python threads and the JVM's query threads.
+
+        The runner and the Spark Python workers print their threads' stacks on
+        SIGUSR1 (to the runner's stderr); the JVM's threads come from ``jcmd``,
+        only those running a query or a task (Spark's JVM has dozens of idle ones).
+        """
+        if not self.alive:
+            return ""
+        before = len(self.stderr)
+        pids = _session_pids(self.proc.pid)
+        for pid in pids:
+            if pid == self.proc.pid or "worker_daemon" in _cmdline(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGUSR1)
+        time.sleep(1.0)
+        parts = ["--- runner and Python worker threads (SIGUSR1)", self.stderr[before:]]
+        for pid in pids:
+            if pid == self.proc.pid or "java" not in _cmdline(pid):
+                continue
+            dump = subprocess.run(
+                ["jcmd", str(pid), "Thread.print"], capture_output=True, text=True, timeout=60
+            ).stdout
+            threads = dump.split("\n\n")
+            busy = [t for t in threads if any(w in t for w in _JVM_THREADS)]
+            parts += [f"--- JVM {pid} query and task threads (jcmd Thread.print)", *busy]
+        return "\n".join(parts)
 
     def wait_batches(self, count: int, timeout: float = 180) -> None:
         """Wait until ``count`` batches are logged."""
         self.wait_for(f"{count} batches", lambda: len(self.batches()) >= count, timeout)
 
     def kill(self) -> None:
-        """SIGKILL the whole process group: runner, JVM, Python workers."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        """SIGKILL the runner with its JVM and Python workers, as a container kill does."""
+        _kill_session(self.proc.pid)
         self.proc.wait(30)
 
     def terminate(self) -> None:
@@ -160,9 +188,43 @@ class Runner:
         if self.alive:
             self.kill()
         else:
-            # The JVM may outlive a runner that exited badly: clear the group.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+            # The JVM or Python workers may outlive a runner that exited badly.
+            _kill_session(self.proc.pid)
+
+
+#: JVM threads worth showing for a stuck runner: the query, its batches' tasks, py4j calls.
+_JVM_THREADS = ("stream execution thread", "Executor task launch worker", "Thread-")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _session_pids(sid: int) -> list[int]:
+    """The processes of session ``sid``: a runner, its JVM and the JVM's Python workers.
+
+    pyspark's worker daemons put themselves in process groups of their own,
+    so the runner's process group alone is not all of it.
+    """
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ProcessLookupError):
+                if os.getsid(int(entry.name)) == sid:
+                    found.append(int(entry.name))
+    return found
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid``, as a container kill does."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(sid, signal.SIGKILL)  # the runner and its JVM: nothing forks after this
+    for pid in _session_pids(sid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @dataclass

@@ -47,13 +47,14 @@ def test_partitioned_filter_survives_kill_9(make_pipeline: PipelineFactory) -> N
     }
     config = pipeline.config(transform={"sql": sql}, source=source)
 
-    kill_repeatedly(pipeline, config, KILLS, rng)
-    last = finish(pipeline, config)
+    runners = kill_repeatedly(pipeline, config, KILLS, rng)
+    runners.append(finish(pipeline, config))
 
     expected = (f"k{i:06d}" for i in range(RECORDS) if i % 4 != 3 and i % 10 != 7)
     assert_exactly_once(pipeline.output(), expected)
     assert pipeline.progress() == pipeline.end_offsets(), f"seed {seed}"
-    assert {b["mode"] for b in last.batches()} == {"partitioned"}
+    # The killed runners may have done all the work: the last one then has no batch.
+    assert {b["mode"] for r in runners for b in r.batches()} == {"partitioned"}
 
 
 def test_coordinated_window_counts_survive_kill_9(make_pipeline: PipelineFactory) -> None:

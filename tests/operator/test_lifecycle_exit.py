@@ -1,0 +1,53 @@
+"""The operator's exit: lifecycle steps under way finish before the API client closes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from eop_operator import lifecycle
+
+
+class _NoCalls:
+    """An API client that must not be used."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the API client was used after the exit began ({name})")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state() -> Iterator[None]:
+    yield
+    lifecycle._Shutdown.stopping = False
+    lifecycle._LOCKS.clear()
+
+
+def _render(*_: Any) -> Any:
+    raise AssertionError("nothing is rendered after the exit began")
+
+
+def test_exit_waits_for_the_step_under_way_then_takes_no_new_step() -> None:
+    async def scenario() -> None:
+        lock = lifecycle._LOCKS.setdefault(("ns", "under-way"), asyncio.Lock())
+        await lock.acquire()  # a step of pipeline ns/under-way is talking to the API server
+        exiting = asyncio.create_task(lifecycle.quiesce(5.0))
+        await asyncio.sleep(0.1)
+        assert not exiting.done(), "the exit did not wait for the step under way"
+        lock.release()
+        assert await exiting is True
+        # A trigger that arrives during the exit (a timer, a pod event) does nothing.
+        assert await lifecycle.drive(_NoCalls(), "ns", "other", _render) is None  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
+
+
+def test_exit_gives_up_on_a_step_that_outlasts_the_timeout() -> None:
+    async def scenario() -> bool:
+        lock = lifecycle._LOCKS.setdefault(("ns", "stuck"), asyncio.Lock())
+        await lock.acquire()
+        return await lifecycle.quiesce(0.2)
+
+    assert asyncio.run(scenario()) is False
