@@ -46,6 +46,9 @@ KOPF_PREFIX = f"kopf.{GROUP}"
 TIMER_SECONDS = 5.0
 #: Settled pipelines (events drive them) are looked at by the timer this rarely.
 SETTLED_SECONDS = 60.0
+#: After a failed lifecycle step (an API error), the next try; kopf's default is 60 s, and
+#: while an upgrade waits for its own apply no event would come to drive it sooner.
+RETRY_SECONDS = 5.0
 SETTLED_PHASES = ("Running", "Suspended")
 
 
@@ -184,9 +187,9 @@ async def _drive(
     await drive(memo.client, namespace, name, render, invalid=(HostPortsExhausted,), pod=pod)
 
 
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL, backoff=RETRY_SECONDS)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec", backoff=RETRY_SECONDS)
+@kopf.on.resume(GROUP, VERSION, PLURAL, backoff=RETRY_SECONDS)
 async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any) -> None:
     """Validate the spec, then let ``lifecycle.drive`` take the lifecycle's next steps."""
     try:
@@ -200,7 +203,14 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwarg
     await _drive(memo, pipeline.metadata.namespace, pipeline.metadata.name, kwargs)
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=TIMER_SECONDS, initial_delay=TIMER_SECONDS)
+@kopf.timer(
+    GROUP,
+    VERSION,
+    PLURAL,
+    interval=TIMER_SECONDS,
+    initial_delay=TIMER_SECONDS,
+    backoff=RETRY_SECONDS,
+)
 async def lifecycle_timer(
     meta: kopf.Meta, status: kopf.Status, memo: kopf.Memo, **kwargs: Any
 ) -> None:

@@ -2,16 +2,12 @@
 
 Options override the run config: ``--checkpoint-root DIR``, ``--generation N``;
 ``--log-format json`` writes one JSON object per log line.  Exit codes are
-documented in :mod:`eop_spark.errors`.  SIGUSR1 prints the stack of every
-thread of the runner to stderr (to see where a stuck runner waits); Spark's
-JVM prints its threads on SIGQUIT.
+documented in :mod:`eop_spark.errors`.
 """
 
 from __future__ import annotations
 
 import argparse
-import faulthandler
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,7 +50,6 @@ def load_config(path: Path, checkpoint_root: str | None, generation: int | None)
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = _parser().parse_args(argv)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         config = load_config(args.config, args.checkpoint_root, args.generation)
     except OSError as exc:

@@ -10,11 +10,16 @@
 4. on SIGTERM (or SIGINT), let the batch in flight commit, then stop; with
    ``trigger.availableNow`` stop when the input is consumed.
 
+SIGUSR1 prints the stack of every thread of the runner to stderr, to see
+where a stuck runner waits (Spark's Python workers do the same, see
+:mod:`eop_spark.worker_daemon`; the JVM prints its threads on SIGQUIT).
+
 Exit codes are documented in :mod:`eop_spark.errors`.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -167,6 +172,7 @@ def _install_signal_handlers(stop: threading.Event) -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 class PipelineRun:

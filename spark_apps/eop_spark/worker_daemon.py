@@ -19,8 +19,10 @@ source partition), and of every worker a restarted runner starts:
   ``gc.collect()`` after every task, which otherwise walks every object of
   those libraries each time.
 
-The daemon and its workers print their threads' stacks on SIGUSR1 (to
-stderr, which Spark copies into the runner's), like the runner does.
+The workers print their threads' stacks on SIGUSR1 (to stderr, which Spark
+copies into the runner's), like the runner does.  The daemon itself does not:
+a signal handler in it breaks pyspark's daemon loop, and the JVM then loses
+its workers (measured: the query fails with "Connection refused").
 """
 
 from __future__ import annotations
@@ -75,9 +77,13 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> None:
             log.debug("not preloading %s: %s", name, exc)
 
 
+def _dump_stacks_on_sigusr1() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
 def main() -> None:
     """Prepare this process, then run pyspark's daemon (it forks the workers)."""
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # inherited by the workers
+    os.register_at_fork(after_in_child=_dump_stacks_on_sigusr1)
     drop_spark_archives()
     preload()
     from pyspark.daemon import manager  # reads the worker module from sys.argv

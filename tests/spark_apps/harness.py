@@ -84,10 +84,13 @@ class Runner:
 
     # -- log ----------------------------------------------------------------------------------
 
+    def _stdout(self) -> str:
+        return self.stdout_path.read_text(errors="replace")
+
     def records(self) -> list[dict[str, Any]]:
         """The JSON log records written so far (other stdout lines, e.g. the JVM's, skipped)."""
         found = []
-        for line in self.stdout_path.read_text(errors="replace").splitlines():
+        for line in self._stdout().splitlines():
             if line.startswith("{"):
                 with contextlib.suppress(json.JSONDecodeError):
                     found.append(json.loads(line))
@@ -136,20 +139,31 @@ class Runner:
     def stacks(self) -> str:
         """Where a stuck runner waits: its Python threads and the JVM's query threads.
 
-        The runner and the Spark Python workers print their threads' stacks on
-        SIGUSR1 (to the runner's stderr); the JVM's threads come from ``jcmd``,
-        only those running a query or a task (Spark's JVM has dozens of idle ones).
+        The runner and Spark's Python workers print their threads' stacks on
+        SIGUSR1; the JVM's threads come from ``jcmd``, only those running a
+        query or a task (Spark's JVM has dozens of idle ones).
         """
         if not self.alive:
             return ""
         before = len(self.stderr)
+        before_out = len(self._stdout())
         pids = _session_pids(self.proc.pid)
-        for pid in pids:
-            if pid == self.proc.pid or "worker_daemon" in _cmdline(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGUSR1)
+        daemons = {pid for pid in pids if "worker_daemon" in _cmdline(pid)}
+        # The runner and the workers (forked by a daemon); a daemon has no handler.
+        for pid in [self.proc.pid, *(p for p in daemons if _parent(p) in daemons)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
         time.sleep(1.0)
-        parts = ["--- runner and Python worker threads (SIGUSR1)", self.stderr[before:]]
+        # Workers write to the JVM's stderr, which is the runner's stdout.
+        workers = [
+            line for line in self._stdout()[before_out:].splitlines() if not line.startswith("{")
+        ]
+        parts = [
+            "--- runner threads (SIGUSR1)",
+            self.stderr[before:],
+            "--- Python worker threads (SIGUSR1)",
+            *workers,
+        ]
         for pid in pids:
             if pid == self.proc.pid or "java" not in _cmdline(pid):
                 continue
@@ -201,6 +215,14 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def _parent(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 def _session_pids(sid: int) -> list[int]:

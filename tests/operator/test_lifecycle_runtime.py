@@ -1,4 +1,10 @@
-"""The operator's exit: lifecycle steps under way finish before the API client closes."""
+"""How the lifecycle runs in the operator: retries after a failed step, and the exit.
+
+A failed step (an API error) is retried by kopf after the handler's backoff;
+kopf's default is 60 s, and an upgrade waiting for its own apply gets no event
+that would drive it sooner.  At exit, the steps under way finish before the
+API client closes.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,10 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
+import kopf
 import pytest
 
-from eop_operator import lifecycle
+from eop_operator import handlers, lifecycle  # noqa: F401  (handlers: registers them)
 
 
 class _NoCalls:
@@ -51,3 +58,16 @@ def test_exit_gives_up_on_a_step_that_outlasts_the_timeout() -> None:
         return await lifecycle.quiesce(0.2)
 
     assert asyncio.run(scenario()) is False
+
+
+def test_a_failed_lifecycle_step_is_tried_again_within_seconds() -> None:
+    registry = kopf.get_default_registry()
+    drivers = [
+        h
+        for h in [*registry._spawning.get_all_handlers(), *registry._changing.get_all_handlers()]
+        if h.id.startswith(("lifecycle_timer", "reconcile"))
+    ]
+    assert {h.id for h in drivers} >= {"lifecycle_timer", "reconcile"}
+    assert all(h.backoff is not None and h.backoff <= 10 for h in drivers), [
+        (h.id, h.backoff) for h in drivers
+    ]
