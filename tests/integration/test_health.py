@@ -99,13 +99,31 @@ def produce(broker: KafkaBroker, topic: str, per_partition: dict[int, int]) -> N
 
 def commit(broker: KafkaBroker, group: str, topic: str, offsets: dict[int, int]) -> None:
     """Commit offsets for ``group`` as the sink would (no consumer joins the group)."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+    settling = {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    }
     consumer = Consumer(broker.client_config({"group.id": group, "enable.auto.commit": False}))
+    deadline = time.monotonic() + 60
     try:
-        consumer.commit(
-            offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False
-        )
+        while True:
+            try:
+                consumer.commit(
+                    offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()],
+                    asynchronous=False,
+                )
+                return
+            except KafkaException as exc:
+                # A fresh broker's group coordinator may still be loading or moving.
+                error = exc.args[0]
+                if (error.code() not in settling and not error.retriable()) or (
+                    time.monotonic() > deadline
+                ):
+                    raise
+                time.sleep(0.5)
     finally:
         consumer.close()
 
