@@ -137,6 +137,9 @@ def test_records_of_aborted_upstream_transactions_never_reach_the_output(
         batch = [f"t{txn:02d}-{i:03d}" for i in range(200)]
         for i, key in enumerate(batch):
             producer.produce(pipeline.source_topic, key.encode(), key.encode(), partition=i % 4)
+        # Written to the log before the abort: an abort purges records not sent yet (and
+        # the broker may refuse an EndTxn that overtakes the partitions being added).
+        producer.flush(30)
         if txn % 3 == 1:
             producer.abort_transaction(30)
         else:
