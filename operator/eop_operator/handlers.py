@@ -107,6 +107,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # Least privilege: no cluster-wide CRD or namespace listing; resources are named explicitly.
     settings.scanning.disabled = True
     settings.watching.server_timeout = 270
+    # A deleted pipeline waits for its timer and health daemon to stop.  kopf gives them a
+    # few event-loop cycles, then looks again only every 60 s: a timer caught mid-step made
+    # `kubectl delete` take a minute.  Wait a moment for them, and look again every 2 s.
+    settings.background.instant_exit_timeout = 0.5
+    settings.background.cancellation_polling = 2.0
     memo.client = KubeClient(lambda: connection_info(settings))
     memo.options = OPTIONS
 

@@ -151,7 +151,8 @@ def test_pipeline_lifecycle_create_update_delete(
     wait_for(lambda: get(cp, "eop", "clean", ns)["status"].get("phase") == "Suspended", "Suspended")  # type: ignore[index]
 
     # Delete: the finalizer keeps the checkpoint claim (retention Retain), the GC removes the rest.
-    cp.kubectl("delete", "eop", "clean", "-n", ns, "--wait=true", "--timeout=60s", check=True)
+    # (kopf's 60 s daemon polling once made this take a minute: see handlers.configure)
+    cp.kubectl("delete", "eop", "clean", "-n", ns, "--wait=true", "--timeout=30s", check=True)
     for kind, name in CHILDREN:
         if kind == "persistentvolumeclaim":
             continue
