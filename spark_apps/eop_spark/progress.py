@@ -93,7 +93,7 @@ class ProgressGroup:
                 error = errors[0]
             except KafkaException as exc:
                 error = exc.args[0]
-            if not _retriable(error):
+            if not retriable(error):
                 raise PipelineFailed(f"cannot read progress group {self.group!r}: {error}")
             if time.monotonic() + delay > deadline:
                 raise PipelineFailed(
@@ -116,7 +116,8 @@ class ProgressGroup:
         self._consumer.close()
 
 
-def _retriable(error: Any) -> bool:
+def retriable(error: Any) -> bool:
+    """Whether a group-offset call's error passes once the group coordinator settles."""
     from confluent_kafka import KafkaError
 
     if not isinstance(error, KafkaError):

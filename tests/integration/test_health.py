@@ -99,13 +99,10 @@ def produce(broker: KafkaBroker, topic: str, per_partition: dict[int, int]) -> N
 
 def commit(broker: KafkaBroker, group: str, topic: str, offsets: dict[int, int]) -> None:
     """Commit offsets for ``group`` as the sink would (no consumer joins the group)."""
-    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    settling = {
-        KafkaError.NOT_COORDINATOR,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-    }
+    from eop_spark.progress import retriable
+
     consumer = Consumer(broker.client_config({"group.id": group, "enable.auto.commit": False}))
     deadline = time.monotonic() + 60
     try:
@@ -118,10 +115,7 @@ def commit(broker: KafkaBroker, group: str, topic: str, offsets: dict[int, int])
                 return
             except KafkaException as exc:
                 # A fresh broker's group coordinator may still be loading or moving.
-                error = exc.args[0]
-                if (error.code() not in settling and not error.retriable()) or (
-                    time.monotonic() > deadline
-                ):
+                if not retriable(exc.args[0]) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
     finally:
