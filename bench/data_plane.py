@@ -8,7 +8,8 @@ on 4 partitions), read with ``read_committed`` and written to a fresh topic by:
   (c) eop, coordinated commit mode,
   (d) the broker's ProducerPerformance tool: the ceiling for writing N records.
 
-(a)-(c) run in one SparkSession (warmed up first), availableNow, N/4 offsets per
+(a)-(c) run in one SparkSession (each first copies N/5 records unmeasured, so the
+JIT has compiled what the measured rounds run), availableNow, N/4 offsets per
 batch, the same producer batching (eop's defaults: linger.ms, batch.size).  Two figures
 each: N divided by the query's wall time (start-up included: eop plans the
 query and takes its transactional ids over before Spark starts it), and N
@@ -17,7 +18,9 @@ divided by the time of the batches themselves (the sum of Spark's
 pipeline sustains; the same measure for every contender).  Each of (a)-(c)
 runs ``--rounds`` times, in a rotating order, and keeps its best round: on a
 shared machine that filters out the moments another process took the CPU, the
-same way for every contender.
+same way for every contender.  For each contender's best round the benchmark also
+prints the CPU it took: the broker's, and that of this process with the Spark JVM
+and its Python workers.
 Then the recovery time: a runner on a continuously fed topic is SIGKILLed (runner,
 JVM and Python workers) and restarted at once; the time from the kill to the first batch
 the new runner commits.  Runners map the JVM class archive as they do in the
@@ -60,6 +63,8 @@ from eop_spark.session import build_session  # noqa: E402
 from tests.spark_apps.harness import Pipeline, end_offsets, read_committed  # noqa: E402
 
 PARTITIONS = 4
+#: The contenders run through Spark: (a), (b), (c).
+MODES = ("builtin", "partitioned", "coordinated")
 # The batching eop's producers use by default, given to every contender.
 PRODUCER_TUNING = {
     key: str(value)
@@ -121,12 +126,47 @@ def run_config(
     )
 
 
+def _tree_cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of process ``root`` and its live descendants."""
+    children: dict[int, list[int]] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    total, stack = 0.0, [root]
+    while stack:
+        pid = stack.pop()
+        total += times.get(pid, 0.0)
+        stack.extend(children.get(pid, []))
+    return total
+
+
+@dataclass(frozen=True)
+class CpuMeter:
+    """CPU seconds of the broker and of this process's tree (driver, JVM, Python workers)."""
+
+    broker_pid: int
+
+    def read(self) -> tuple[float, float]:
+        """(broker, Spark) CPU seconds so far."""
+        return _tree_cpu_seconds(self.broker_pid), _tree_cpu_seconds(os.getpid())
+
+
 @dataclass(frozen=True)
 class Timing:
     """How long a contender took: the query's wall time, and its batches' own time."""
 
     wall_s: float  # query start to end, start-up (planning, preparing the sink) included
     batches_s: float  # the sum of Spark's triggerExecution times of the batches that read rows
+    broker_cpu_s: float = 0.0  # CPU the broker spent during the query
+    spark_cpu_s: float = 0.0  # CPU the driver, its JVM and its Python workers spent
 
     def rate(self, records: int, *, sustained: bool = False) -> float:
         """Records/s over the wall time, or (``sustained``) over the batches' time."""
@@ -293,11 +333,17 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
             }
         )
         spark = build_session(session, jars)
+        assert broker.pid is not None
+        meter = CpuMeter(broker.pid)
         spark.sparkContext.setLogLevel("ERROR")
 
-        # Warm-up: JIT, Python workers, connector classes; not measured.
+        # Warm-up, not measured: Python workers, connector classes, and the JIT. A fresh JVM
+        # spends whole core-seconds compiling during its first large copies (measured: the
+        # first measured round used twice the CPU of the later ones after a 20,000-record
+        # warm-up), so every contender first copies a fifth of the volume.
+        warm = max(20_000, records // 5)
         broker.create_topic("warm-in", PARTITIONS)
-        fill(broker, "warm-in", 20_000, 100)
+        fill(broker, "warm-in", warm, 100)
         for mode in ("builtin", "partitioned", "coordinated"):
             broker.create_topic(f"warm-{mode}", PARTITIONS)
             config = run_config(
@@ -306,7 +352,7 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
                 f"warm-{mode}",
                 "warm-in",
                 f"warm-{mode}",
-                20_000,
+                warm,
                 "auto" if mode == "builtin" else mode,
             )
             (timed_builtin if mode == "builtin" else timed_eop)(spark, config)
@@ -318,9 +364,9 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
             fill(broker, source, records, size)
             assert sum(end_offsets(broker, source).values()) == records
             figures: dict[str, float] = {}
-            modes = ["builtin", "partitioned", "coordinated"]
+            cpu: dict[str, tuple[float, float]] = {}
             for round_ in range(args.rounds):
-                for mode in modes[round_ % 3 :] + modes[: round_ % 3]:
+                for mode in MODES[round_ % 3 :] + MODES[: round_ % 3]:
                     name = f"{mode}-{size}-{round_}"
                     broker.create_topic(f"out-{name}", PARTITIONS)
                     config = run_config(
@@ -332,21 +378,28 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
                         records,
                         "auto" if mode == "builtin" else mode,
                     )
+                    broker_before, spark_before = meter.read()
                     timing = (timed_builtin if mode == "builtin" else timed_eop)(spark, config)
+                    broker_after, spark_after = meter.read()
+                    broker_cpu, spark_cpu = broker_after - broker_before, spark_after - spark_before
                     wall, sustained = timing.rate(records), timing.rate(records, sustained=True)
+                    if wall > figures.get(mode, 0.0):
+                        cpu[mode] = (broker_cpu, spark_cpu)
                     figures[mode] = max(figures.get(mode, 0.0), wall)
                     figures[f"{mode}/s"] = max(figures.get(f"{mode}/s", 0.0), sustained)
                     written = copy_count(broker, f"out-{name}")
                     print(
                         f"  {size:>5} B {mode:<12} round {round_} {timing.wall_s:7.1f} s "
                         f"{wall:>10,.0f} rec/s; batches {timing.batches_s:5.1f} s "
-                        f"{sustained:>10,.0f} rec/s  (read_committed sees {written:,})",
+                        f"{sustained:>10,.0f} rec/s; CPU s broker {broker_cpu:5.1f} "
+                        f"spark {spark_cpu:5.1f}"
+                        f"  (read_committed sees {written:,})",
                         flush=True,
                     )
             broker.create_topic(f"perf-{size}", PARTITIONS)
             figures["ceiling"] = producer_perf(broker, f"perf-{size}", records, size)
             print(f"  {size:>5} B ProducerPerf {figures['ceiling']:>18,.0f} rec/s", flush=True)
-            rows.append((size, figures))
+            rows.append((size, figures, cpu))
         spark.stop()
 
         for title, suffix in (
@@ -358,13 +411,21 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
                 "                   (a) spark sink  (b) partitioned  (c) coordinated  "
                 "(d) producer perf   b/a   c/a   b/d"
             )
-            for size, f in rows:
+            for size, f, _ in rows:
                 a, b, c = (f[f"{m}{suffix}"] for m in ("builtin", "partitioned", "coordinated"))
                 d = f["ceiling"]
                 print(
                     f"{size:>5} B records  {a:>15,.0f} {b:>16,.0f} {c:>16,.0f} {d:>18,.0f}"
                     f"  {b / a:4.2f}  {c / a:4.2f}  {b / d:4.2f}"
                 )
+
+        print(
+            "\nCPU seconds of each contender's best round (broker + Spark driver, JVM and "
+            "Python workers)\n                   (a) spark sink  (b) partitioned  (c) coordinated"
+        )
+        for size, _, spent in rows:
+            cells = [f"{spent[m][0]:5.1f} + {spent[m][1]:5.1f}" for m in MODES]
+            print(f"{size:>5} B records  {cells[0]:>15} {cells[1]:>16} {cells[2]:>16}")
 
         if args.recovery_samples:
             recovery = measure_recovery(broker, work, args.recovery_samples)
