@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from eop_spark.errors import ConfigError
@@ -93,10 +92,6 @@ def has_provenance(fields: Sequence[tuple[str, str]]) -> bool:
     return all(column in names for column in PROVENANCE_COLUMNS)
 
 
-#: Records per produce_batch call.
-_CHUNK = 10_000
-
-
 def _bytes(value: Any) -> Any:
     # Spark hands binary columns to Python as bytearray; librdkafka wants bytes or str.
     return bytes(value) if isinstance(value, bytearray) else value
@@ -151,19 +146,8 @@ def produce_rows(
     rows: Iterable[Sequence[Any]],
     layout: OutputLayout,
 ) -> int:
-    """Produce rows laid out as ``layout.columns()`` into the open transaction; return the count."""
+    """Produce rows laid out as ``layout.columns()`` one by one (headers, target partition)."""
     count = 0
-    if not (layout.has_headers or layout.has_partition):
-        # The common shape goes through produce_batch: one C call per chunk of records.
-        iterator = iter(rows)
-        while chunk := list(islice(iterator, _CHUNK)):
-            if layout.has_key:
-                messages = [{"value": _bytes(r[0]), "key": _bytes(r[1])} for r in chunk]
-            else:
-                messages = [{"value": _bytes(r[0])} for r in chunk]
-            producer.produce_messages(topic, messages)
-            count += len(messages)
-        return count
     key_at = 1 if layout.has_key else None
     headers_at = 1 + layout.has_key if layout.has_headers else None
     partition_at = 1 + layout.has_key + layout.has_headers if layout.has_partition else None

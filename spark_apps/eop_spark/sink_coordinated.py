@@ -9,8 +9,9 @@ driver reads ``[S_N, E_N)`` from the checkpoint's offsets log, reads G, and:
   output is visible; the batch is still computed (into Spark's ``noop``
   sink) because stateful operators commit their state only when it runs;
 * G is at ``S_N`` (or has never seen a partition): produce the batch output,
-  streamed partition by partition to the driver, and ``E_N`` for G in one
-  transaction of ``<prefix>.driver``;
+  streamed partition by partition to the driver as Arrow record batches (see
+  :func:`driver_batches`), and ``E_N`` for G in one transaction of
+  ``<prefix>.driver``;
 * G is past ``S_N`` but short of ``E_N``: some writer with other batch
   boundaries (another checkpoint) committed part of this input, and any
   output now would repeat it.  The runner stops with a clear error instead;
@@ -23,7 +24,10 @@ The producer is kept across batches and rebuilt after a fatal error; its
 from __future__ import annotations
 
 import logging
+import math
+import struct
 import time
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from eop_spark.attempts import with_attempts
@@ -32,16 +36,66 @@ from eop_spark.errors import EopError, ProducerFenced, ProgressConflict
 from eop_spark.offsets import BatchAction, batch_marker, decide_batch, marked_batch
 from eop_spark.offsets_log import OffsetsLog
 from eop_spark.progress import ProgressGroup
-from eop_spark.sink_contract import OutputLayout, produce_rows
+from eop_spark.sink_contract import OutputLayout, produce_arrow_batch
 from eop_spark.sink_settings import SinkSettings
 from eop_spark.transactions import TransactionalProducer
 
 if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
     from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
 
 MODE = "coordinated"
+
+#: The one column of the rows that carry Arrow IPC streams to the driver.
+_BLOB = "__eop_arrow_ipc"
+#: Upper bound of the Arrow data in one such row (a Spark row is held whole in memory).
+BLOB_BYTES = 4 << 20
+
+
+def _slices(batch: pa.RecordBatch, limit: int) -> Iterator[pa.RecordBatch]:
+    pieces = max(1, math.ceil(batch.nbytes / limit))
+    step = max(1, math.ceil(batch.num_rows / pieces))
+    for offset in range(0, batch.num_rows, step):
+        yield batch.slice(offset, step)
+
+
+def to_ipc_blobs(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The Spark task body (``mapInArrow``): each output batch as one row of an Arrow IPC stream."""
+    import pyarrow as pa
+
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        for piece in _slices(batch, BLOB_BYTES):
+            stream = pa.BufferOutputStream()
+            with pa.ipc.new_stream(stream, piece.schema) as writer:
+                writer.write_batch(piece)
+            data = stream.getvalue()
+            offsets = pa.py_buffer(struct.pack("<ii", 0, data.size))
+            blob = pa.Array.from_buffers(pa.binary(), 1, [None, offsets, data])
+            yield pa.RecordBatch.from_arrays([blob], names=[_BLOB])
+
+
+def driver_batches(df: DataFrame) -> Iterator[pa.RecordBatch]:
+    """``df``'s rows in the driver as Arrow record batches, in order, a partition at a time.
+
+    ``toLocalIterator`` alone hands rows over one by one as pickled ``Row``
+    objects, which for small records cost the driver more than everything
+    else in the batch (and the records were then queued one by one).  Here the
+    executors' Python workers pack each Arrow batch Spark gives them into one
+    binary value (at most :data:`BLOB_BYTES` of Arrow data), so the driver
+    receives a few large values per partition and queues them with
+    :func:`~eop_spark.sink_contract.produce_arrow_batch`.  Memory stays what
+    ``toLocalIterator(prefetchPartitions=True)`` needs: about two partitions.
+    """
+    import pyarrow as pa
+
+    blobs = df.mapInArrow(to_ipc_blobs, f"{_BLOB} binary")
+    for row in blobs.toLocalIterator(prefetchPartitions=True):
+        with pa.ipc.open_stream(pa.py_buffer(row[0])) as reader:
+            yield from reader
 
 
 class CoordinatedSink:
@@ -103,8 +157,9 @@ class CoordinatedSink:
             started = time.monotonic()
             producer.begin()
             try:
-                rows = df.select(*self.layout.columns()).toLocalIterator(prefetchPartitions=True)
-                rows_out = produce_rows(producer, self.sink.topic, rows, self.layout)
+                rows_out = 0
+                for batch in driver_batches(df.select(*self.layout.columns())):
+                    rows_out += produce_arrow_batch(producer, self.sink.topic, batch, self.layout)
                 producer.send_offsets(
                     end, self.sink.group_metadata, batch_marker(query_id, batch_id)
                 )

@@ -181,27 +181,6 @@ class TransactionalProducer:
             except KafkaException as exc:
                 self._raise(_kafka_error(exc), "produce")
 
-    def produce_messages(self, topic: str, messages: list[dict[str, Any]]) -> None:
-        """Queue many ``{"value", "key"}`` records in one call (no headers, no partition).
-
-        ``produce_batch`` queues what fits and marks the rest with ``_error``;
-        only those are retried, so nothing is queued twice.
-        """
-        from confluent_kafka import KafkaError
-
-        pending = messages
-        while True:
-            self._producer.produce_batch(topic, pending)
-            failed = [m for m in pending if "_error" in m]
-            if not failed:
-                return
-            errors = [m.pop("_error") for m in failed]
-            other = next((e for e in errors if e.code() != KafkaError._QUEUE_FULL), None)
-            if other is not None:
-                self._raise(other, "produce")
-            self._wait_for_room()
-            pending = failed
-
     def _wait_for_room(self) -> None:
         """The local queue is full: let librdkafka send a moment (raises if the producer died)."""
         self._producer.poll(0.05)

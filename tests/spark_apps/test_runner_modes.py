@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from tests.spark_apps.conftest import PipelineFactory
-from tests.spark_apps.harness import produce
+from tests.spark_apps.harness import Pipeline, Runner, produce, read_committed_messages
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+
+def run_to_the_end(pipeline: Pipeline, sql: str, **kafka: dict[str, Any]) -> Runner:
+    """Run ``sql`` over the input there is (availableNow) and check the runner exits 0.
+
+    ``source``/``sink``: Kafka settings of that side (the broker is added).
+    """
+    servers = pipeline.broker.bootstrap_servers
+    sections = {side: {"kafka": {"bootstrapServers": servers, **s}} for side, s in kafka.items()}
+    config = pipeline.config(transform={"sql": sql}, trigger={"availableNow": True}, **sections)
+    runner = pipeline.start(config)
+    assert runner.wait(300) == 0, runner.tail()
+    return runner
 
 
 def test_partitioned_filter_commits_each_kept_record_once_and_g_reaches_the_end(
@@ -23,19 +37,11 @@ def test_partitioned_filter_commits_each_kept_record_once_and_g_reaches_the_end(
     )
     # Partition 3 is filtered out entirely: G must still reach its end (driver commits).
     sql = "SELECT key, upper(CAST(value AS STRING)) AS value FROM source WHERE partition <> 3"
-    config = pipeline.config(
-        transform={"sql": sql},
-        trigger={"availableNow": True},
-        source={
-            "kafka": {
-                "bootstrapServers": pipeline.broker.bootstrap_servers,
-                "topics": [pipeline.source_topic],
-                "maxOffsetsPerTrigger": 1500,
-            }
-        },
+    runner = run_to_the_end(
+        pipeline,
+        sql,
+        source={"topics": [pipeline.source_topic], "maxOffsetsPerTrigger": 1500},
     )
-    runner = pipeline.start(config)
-    assert runner.wait(300) == 0, runner.tail()
 
     keys = sorted(k.decode() for k, _ in pipeline.output() if k is not None)
     assert keys == sorted(f"k{i}" for i in range(4000) if i % 4 != 3)
@@ -44,3 +50,37 @@ def test_partitioned_filter_commits_each_kept_record_once_and_g_reaches_the_end(
     assert {b["mode"] for b in runner.batches()} == {"partitioned"}
     assert sum(b["rows_in"] for b in runner.batches()) == 4000
     assert runner.stderr == ""
+
+
+def test_coordinated_keeps_each_record_whole_and_in_order(make_pipeline: PipelineFactory) -> None:
+    """Every output column reaches Kafka: key, headers, the target partition, in input order.
+
+    The coordinated sink moves the output to the driver as Arrow batches; the
+    record order of a source partition must survive that, and so must what
+    only the row-by-row path can send (headers, a partition column).
+    """
+    pipeline = make_pipeline(source_partitions=2, sink_partitions=3)
+    produce(
+        pipeline.broker,
+        pipeline.source_topic,
+        ((f"k{i}", json.dumps({"id": i}), i % 2) for i in range(3000)),
+    )
+    sql = (
+        "SELECT key, value, CAST(partition + 1 AS INT) AS partition, "
+        "array(named_struct('key', 'src', 'value', CAST(CAST(offset AS STRING) AS BINARY))) "
+        "AS headers FROM source"
+    )
+    runner = run_to_the_end(
+        pipeline, sql, sink={"topic": pipeline.sink_topic, "commitMode": "coordinated"}
+    )
+
+    by_partition: dict[int, list[tuple[int, int]]] = {}
+    for message in read_committed_messages(pipeline.broker, pipeline.sink_topic):
+        record = json.loads(message.value())
+        assert message.key() == f"k{record['id']}".encode()
+        assert message.headers() == [("src", str(record["id"] // 2).encode())]
+        by_partition.setdefault(message.partition(), []).append(record["id"])
+    # Source partition p went to sink partition p + 1, each record once, in source order.
+    assert by_partition == {p + 1: list(range(p, 3000, 2)) for p in (0, 1)}
+    assert pipeline.progress() == pipeline.end_offsets()
+    assert {b["mode"] for b in runner.batches()} == {"coordinated"}
