@@ -84,3 +84,4 @@ def test_coordinated_keeps_each_record_whole_and_in_order(make_pipeline: Pipelin
     assert by_partition == {p + 1: list(range(p, 3000, 2)) for p in (0, 1)}
     assert pipeline.progress() == pipeline.end_offsets()
     assert {b["mode"] for b in runner.batches()} == {"coordinated"}
+    assert runner.stderr == ""
