@@ -126,8 +126,8 @@ def run_config(
     )
 
 
-def _tree_cpu_seconds(root: int) -> float:
-    """User + system CPU seconds of process ``root`` and its live descendants."""
+def cpu_seconds(*roots: int) -> list[float]:
+    """User + system CPU seconds of each root process with its live descendants (one /proc scan)."""
     children: dict[int, list[int]] = {}
     times: dict[int, float] = {}
     tick = os.sysconf("SC_CLK_TCK")
@@ -140,23 +140,15 @@ def _tree_cpu_seconds(root: int) -> float:
             continue
         children.setdefault(int(fields[1]), []).append(int(entry))
         times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
-    total, stack = 0.0, [root]
-    while stack:
-        pid = stack.pop()
-        total += times.get(pid, 0.0)
-        stack.extend(children.get(pid, []))
-    return total
-
-
-@dataclass(frozen=True)
-class CpuMeter:
-    """CPU seconds of the broker and of this process's tree (driver, JVM, Python workers)."""
-
-    broker_pid: int
-
-    def read(self) -> tuple[float, float]:
-        """(broker, Spark) CPU seconds so far."""
-        return _tree_cpu_seconds(self.broker_pid), _tree_cpu_seconds(os.getpid())
+    totals = []
+    for root in roots:
+        total, stack = 0.0, [root]
+        while stack:
+            pid = stack.pop()
+            total += times.get(pid, 0.0)
+            stack.extend(children.get(pid, []))
+        totals.append(total)
+    return totals
 
 
 @dataclass(frozen=True)
@@ -165,8 +157,6 @@ class Timing:
 
     wall_s: float  # query start to end, start-up (planning, preparing the sink) included
     batches_s: float  # the sum of Spark's triggerExecution times of the batches that read rows
-    broker_cpu_s: float = 0.0  # CPU the broker spent during the query
-    spark_cpu_s: float = 0.0  # CPU the driver, its JVM and its Python workers spent
 
     def rate(self, records: int, *, sustained: bool = False) -> float:
         """Records/s over the wall time, or (``sustained``) over the batches' time."""
@@ -334,7 +324,8 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
         )
         spark = build_session(session, jars)
         assert broker.pid is not None
-        meter = CpuMeter(broker.pid)
+        # CPU of the broker, and of this process with the Spark JVM and its Python workers.
+        cpu_roots = (broker.pid, os.getpid())
         spark.sparkContext.setLogLevel("ERROR")
 
         # Warm-up, not measured: Python workers, connector classes, and the JIT. A fresh JVM
@@ -344,7 +335,7 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
         warm = max(20_000, records // 5)
         broker.create_topic("warm-in", PARTITIONS)
         fill(broker, "warm-in", warm, 100)
-        for mode in ("builtin", "partitioned", "coordinated"):
+        for mode in MODES:
             broker.create_topic(f"warm-{mode}", PARTITIONS)
             config = run_config(
                 broker,
@@ -378,9 +369,9 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
                         records,
                         "auto" if mode == "builtin" else mode,
                     )
-                    broker_before, spark_before = meter.read()
+                    broker_before, spark_before = cpu_seconds(*cpu_roots)
                     timing = (timed_builtin if mode == "builtin" else timed_eop)(spark, config)
-                    broker_after, spark_after = meter.read()
+                    broker_after, spark_after = cpu_seconds(*cpu_roots)
                     broker_cpu, spark_cpu = broker_after - broker_before, spark_after - spark_before
                     wall, sustained = timing.rate(records), timing.rate(records, sustained=True)
                     if wall > figures.get(mode, 0.0):
@@ -412,7 +403,7 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
                 "(d) producer perf   b/a   c/a   b/d"
             )
             for size, f, _ in rows:
-                a, b, c = (f[f"{m}{suffix}"] for m in ("builtin", "partitioned", "coordinated"))
+                a, b, c = (f[f"{m}{suffix}"] for m in MODES)
                 d = f["ceiling"]
                 print(
                     f"{size:>5} B records  {a:>15,.0f} {b:>16,.0f} {c:>16,.0f} {d:>18,.0f}"
