@@ -127,7 +127,10 @@ def run_config(
 
 
 def cpu_seconds(*roots: int) -> list[float]:
-    """User + system CPU seconds of each root process with its live descendants (one /proc scan)."""
+    """User + system CPU seconds of each root process with its live descendants (one /proc scan).
+
+    A root below another root counts for itself only (the broker is a child of this process).
+    """
     children: dict[int, list[int]] = {}
     times: dict[int, float] = {}
     tick = os.sysconf("SC_CLK_TCK")
@@ -146,7 +149,7 @@ def cpu_seconds(*roots: int) -> list[float]:
         while stack:
             pid = stack.pop()
             total += times.get(pid, 0.0)
-            stack.extend(children.get(pid, []))
+            stack.extend(c for c in children.get(pid, []) if c not in roots)
         totals.append(total)
     return totals
 

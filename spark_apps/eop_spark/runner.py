@@ -31,6 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from eop_spark import preflight
+from eop_spark.allocator import keep_freed_memory
 from eop_spark.batch_log import BatchResult, configure_logging, log_batch
 from eop_spark.client_config import sink_client_config, source_client_config
 from eop_spark.config import RunConfig
@@ -264,6 +265,8 @@ class PipelineRun:
         sink: Sink = coordinated
         if choice.mode == CommitMode.PARTITIONED:
             sink = PartitionedSink(settings, offsets_log, transformed.layout)
+        else:
+            keep_freed_memory()  # this process moves every record (the workers do it themselves)
         started: list[StreamingQuery] = []
         ready = threading.Event()
 

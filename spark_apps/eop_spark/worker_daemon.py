@@ -36,6 +36,8 @@ import signal
 import sys
 from importlib.machinery import PathFinder
 
+from eop_spark.allocator import keep_freed_memory
+
 log = logging.getLogger(__name__)
 
 #: Imported before workers are forked; optional (a missing one is skipped).
@@ -84,6 +86,7 @@ def _dump_stacks_on_sigusr1() -> None:
 def main() -> None:
     """Prepare this process, then run pyspark's daemon (it forks the workers)."""
     os.register_at_fork(after_in_child=_dump_stacks_on_sigusr1)
+    keep_freed_memory()  # inherited by every forked worker
     drop_spark_archives()
     preload()
     from pyspark.daemon import manager  # reads the worker module from sys.argv
