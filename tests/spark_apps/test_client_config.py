@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from eop_spark.client_config import (
+    SOURCE_MAX_POLL_RECORDS,
     librdkafka_compatible,
     producer_config,
     read_secret_dir,
@@ -72,6 +73,21 @@ def test_spark_source_options(tmp_path: Path) -> None:
     assert options["kafka.fetch.min.bytes"] == "1"
     assert options["kafka.sasl.mechanism"] == "PLAIN"
     assert spark_source_options(make_config())["subscribe"] == "a,b"
+
+
+def test_source_polls_a_whole_fetch_unless_the_user_says_otherwise() -> None:
+    default = spark_source_options(make_config())["kafka.max.poll.records"]
+    assert default == str(SOURCE_MAX_POLL_RECORDS)
+    mine = make_config(
+        source={
+            "kafka": {
+                "bootstrapServers": "h:1",
+                "topics": ["a"],
+                "options": {"max.poll.records": "500"},
+            }
+        }
+    )
+    assert spark_source_options(mine)["kafka.max.poll.records"] == "500"
 
 
 def test_source_isolation_level_cannot_be_weakened() -> None:
