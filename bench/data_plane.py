@@ -302,9 +302,32 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def disk_needed(records: int, sizes: list[int], rounds: int) -> int:
+    """Bytes the broker's log takes for a run: every topic is kept until the end.
+
+    Per record size: the input, one output per contender and round, ProducerPerf's
+    topic; each record with its key and ~30 bytes of batch overhead.  Plus the warm-up.
+    """
+    topics = 1 + len(MODES) * rounds + 1
+    warm = max(20_000, records // 5) * (100 + 40) * (1 + len(MODES))
+    return warm + sum(records * (size + 40) * topics for size in sizes)
+
+
 def run_benchmark(args: argparse.Namespace, work: Path) -> int:
     """Run every measurement in ``work`` and print the figures."""
     records = args.records
+    sizes = [int(s) for s in args.sizes.split(",")]
+    work.mkdir(parents=True, exist_ok=True)
+    needed, free = disk_needed(records, sizes, args.rounds), shutil.disk_usage(work).free
+    if needed > free:
+        # A full disk takes the broker's log directory offline: queries fail after minutes.
+        print(
+            f"the broker's topics need ~{needed / 1e9:.1f} GB in {work} but only "
+            f"{free / 1e9:.1f} GB are free: free some space, or use --work on another disk "
+            "or fewer --records/--rounds",
+            file=sys.stderr,
+        )
+        return 2
     print(
         f"eop data-plane benchmark: {records:,} records x {args.sizes} B, "
         f"{PARTITIONS} partitions, work dir {work}",
@@ -352,7 +375,7 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
             (timed_builtin if mode == "builtin" else timed_eop)(spark, config)
 
         rows = []
-        for size in (int(s) for s in args.sizes.split(",")):
+        for size in sizes:
             source = f"in-{size}"
             broker.create_topic(source, PARTITIONS)
             fill(broker, source, records, size)
