@@ -305,14 +305,19 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def warm_up_records(records: int) -> int:
+    """Records every contender copies unmeasured first (100 B each)."""
+    return max(20_000, records // 5)
+
+
 def disk_needed(records: int, sizes: list[int], rounds: int) -> int:
     """Bytes the broker's log takes for a run: every topic is kept until the end.
 
     Per record size: the input, one output per contender and round, ProducerPerf's
-    topic; each record with its key and ~30 bytes of batch overhead.  Plus the warm-up.
+    topic; each record with its key and batch overhead (~40 bytes).  Plus the warm-up.
     """
     topics = 1 + len(MODES) * rounds + 1
-    warm = max(20_000, records // 5) * (100 + 40) * (1 + len(MODES))
+    warm = warm_up_records(records) * (100 + 40) * (1 + len(MODES))
     return warm + sum(records * (size + 40) * topics for size in sizes)
 
 
@@ -361,7 +366,7 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
         # spends whole core-seconds compiling during its first large copies (measured: the
         # first measured round used twice the CPU of the later ones after a 20,000-record
         # warm-up), so every contender first copies a fifth of the volume.
-        warm = max(20_000, records // 5)
+        warm = warm_up_records(records)
         broker.create_topic("warm-in", PARTITIONS)
         fill(broker, "warm-in", warm, 100)
         for mode in MODES:

@@ -75,31 +75,22 @@ def test_spark_source_options(tmp_path: Path) -> None:
     assert spark_source_options(make_config())["subscribe"] == "a,b"
 
 
+def with_source_options(**options: str) -> RunConfig:
+    """A config whose one-topic source has these consumer ``options``."""
+    return make_config(
+        source={"kafka": {"bootstrapServers": "h:1", "topics": ["a"], "options": options}}
+    )
+
+
 def test_source_polls_a_whole_fetch_unless_the_user_says_otherwise() -> None:
     default = spark_source_options(make_config())["kafka.max.poll.records"]
     assert default == str(SOURCE_MAX_POLL_RECORDS)
-    mine = make_config(
-        source={
-            "kafka": {
-                "bootstrapServers": "h:1",
-                "topics": ["a"],
-                "options": {"max.poll.records": "500"},
-            }
-        }
-    )
+    mine = with_source_options(**{"max.poll.records": "500"})
     assert spark_source_options(mine)["kafka.max.poll.records"] == "500"
 
 
 def test_source_isolation_level_cannot_be_weakened() -> None:
-    config = make_config(
-        source={
-            "kafka": {
-                "bootstrapServers": "h:1",
-                "topics": ["a"],
-                "options": {"isolation.level": "read_uncommitted"},
-            }
-        }
-    )
+    config = with_source_options(**{"isolation.level": "read_uncommitted"})
     with pytest.raises(ConfigError, match="read_committed"):
         spark_source_options(config)
 
