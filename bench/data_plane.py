@@ -8,8 +8,8 @@ on 4 partitions), read with ``read_committed`` and written to a fresh topic by:
   (c) eop, coordinated commit mode,
   (d) the broker's ProducerPerformance tool: the ceiling for writing N records.
 
-(a)-(c) run in one SparkSession (each first copies N/5 records unmeasured, so the
-JIT has compiled what the measured rounds run), availableNow, N/4 offsets per
+(a)-(c) run in one SparkSession (each first copies N 100-byte records twice,
+unmeasured, so the JIT has compiled what the measured rounds run), availableNow, N/4 offsets per
 batch, the same producer batching (eop's defaults: linger.ms, batch.size).  Two figures
 each: N divided by the query's wall time (start-up included: eop plans the
 query and takes its transactional ids over before Spark starts it), and N
@@ -305,9 +305,13 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
 
+#: Unmeasured copies of the warm-up topic each contender makes before the measured rounds.
+WARM_UP_COPIES = 2
+
+
 def warm_up_records(records: int) -> int:
-    """Records every contender copies unmeasured first (100 B each)."""
-    return max(20_000, records // 5)
+    """Records of the warm-up topic (100 B each)."""
+    return max(20_000, records)
 
 
 def disk_needed(records: int, sizes: list[int], rounds: int) -> int:
@@ -317,7 +321,7 @@ def disk_needed(records: int, sizes: list[int], rounds: int) -> int:
     topic; each record with its key and batch overhead (~40 bytes).  Plus the warm-up.
     """
     topics = 1 + len(MODES) * rounds + 1
-    warm = warm_up_records(records) * (100 + 40) * (1 + len(MODES))
+    warm = warm_up_records(records) * (100 + 40) * (1 + len(MODES) * WARM_UP_COPIES)
     return warm + sum(records * (size + 40) * topics for size in sizes)
 
 
@@ -362,25 +366,21 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
         cpu_roots = (broker.pid, os.getpid())
         spark.sparkContext.setLogLevel("ERROR")
 
-        # Warm-up, not measured: Python workers, connector classes, and the JIT. A fresh JVM
-        # spends whole core-seconds compiling during its first large copies (measured: the
-        # first measured round used twice the CPU of the later ones after a 20,000-record
-        # warm-up), so every contender first copies a fifth of the volume.
+        # Warm-up, not measured: Python workers, connector classes, and the JIT of Spark's
+        # JVM and of the broker. With -XX:+PrintCompilation, both JVMs still compiled
+        # hundreds of methods per million-record copy after one or two (the broker more for
+        # transactions, whose code paths only the eop sinks run), and a fifth of the volume
+        # as warm-up left the first measured rounds ~20 % slower than the later ones.
         warm = warm_up_records(records)
         broker.create_topic("warm-in", PARTITIONS)
         fill(broker, "warm-in", warm, 100)
-        for mode in MODES:
-            broker.create_topic(f"warm-{mode}", PARTITIONS)
-            config = run_config(
-                broker,
-                work,
-                f"warm-{mode}",
-                "warm-in",
-                f"warm-{mode}",
-                warm,
-                "auto" if mode == "builtin" else mode,
-            )
-            (timed_builtin if mode == "builtin" else timed_eop)(spark, config)
+        for copy in range(WARM_UP_COPIES):
+            for mode in MODES:
+                name = f"warm-{mode}-{copy}"
+                broker.create_topic(name, PARTITIONS)
+                commit_mode = "auto" if mode == "builtin" else mode
+                config = run_config(broker, work, name, "warm-in", name, warm, commit_mode)
+                (timed_builtin if mode == "builtin" else timed_eop)(spark, config)
 
         rows = []
         for size in sizes:

@@ -56,6 +56,8 @@ def read_secret_dir(directory: str | None) -> dict[str, str]:
 
 #: Records per poll of Spark's Kafka reader: more than a 1 MB fetch holds (down to ~10 B each).
 SOURCE_MAX_POLL_RECORDS = 100_000
+#: How long the broker may hold a fetch of Spark's Kafka reader that finds no new records.
+SOURCE_FETCH_MAX_WAIT_MS = 10
 
 
 def spark_source_options(config: RunConfig) -> dict[str, str]:
@@ -78,6 +80,13 @@ def spark_source_options(config: RunConfig) -> dict[str, str]:
         # broker.  A poll now hands over whatever one partition fetch (1 MB) brought.
         # Overridable like any consumer setting (source.kafka.options).
         "kafka.max.poll.records": str(SOURCE_MAX_POLL_RECORDS),
+        # A task reads a range it knows exists, but the consumer fetches ahead: once it
+        # reaches the end of the partition (every batch of a pipeline that keeps up), the
+        # broker holds that fetch for fetch.max.wait.ms (500 ms by default), and the
+        # reader's next ListOffsets waits behind it on the same connection.  That was
+        # ~0.4 s per task at the log end (measured: the last batch of a copy took twice as
+        # long as the others).  Overridable like max.poll.records.
+        "kafka.fetch.max.wait.ms": str(SOURCE_FETCH_MAX_WAIT_MS),
     }
     if kafka.topics is not None:
         options["subscribe"] = ",".join(kafka.topics)

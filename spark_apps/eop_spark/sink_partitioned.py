@@ -89,6 +89,23 @@ class PartitionTask:
     layout: OutputLayout
     marker: str
 
+    @property
+    def topic(self) -> str | None:
+        """The batch's one source topic, or None when it reads several."""
+        topics = {topic for topic, _ in self.end_offsets}
+        return topics.pop() if len(topics) == 1 else None
+
+    def provenance(self) -> tuple[str, ...]:
+        """The provenance columns the task's rows carry.
+
+        With one source topic the topic column is left out: it is the same
+        string in every row, and writing it into Arrow and checking it cost
+        ~5 % of partitioned mode's throughput at 100-byte records.
+        """
+        if self.topic is None:
+            return PROVENANCE_COLUMNS
+        return tuple(c for c in PROVENANCE_COLUMNS if c != SOURCE_TOPIC)
+
 
 # Per-process caches: a Spark Python worker serves many tasks and batches, and
 # building a producer (connect, init_transactions) costs more than a small batch.
@@ -207,7 +224,9 @@ def _produce(
 def _check_single_partition(batch: pa.RecordBatch, tp: TopicPartition) -> None:
     import pyarrow.compute as pc
 
-    topics = pc.unique(batch.column(SOURCE_TOPIC)).to_pylist()
+    topics = [tp[0]]
+    if SOURCE_TOPIC in batch.schema.names:
+        topics = pc.unique(batch.column(SOURCE_TOPIC)).to_pylist()
     partitions = pc.unique(batch.column(SOURCE_PARTITION)).to_pylist()
     if topics != [tp[0]] or partitions != [tp[1]]:
         raise PipelineFailed(
@@ -226,7 +245,10 @@ def write_partition(
     first = next((b for b in batches if b.num_rows), None)
     if first is None:
         return  # nothing to tell which partition this is: the driver advances G for it
-    tp = (first.column(SOURCE_TOPIC)[0].as_py(), first.column(SOURCE_PARTITION)[0].as_py())
+    topic = task.topic
+    if topic is None:
+        topic = first.column(SOURCE_TOPIC)[0].as_py()
+    tp = (topic, first.column(SOURCE_PARTITION)[0].as_py())
     if tp not in task.end_offsets:
         raise PipelineFailed(f"rows of {tp} are not in this batch's offsets {task.end_offsets}")
     outcome = commit_partition(task, tp, chain([first], batches))
@@ -281,7 +303,7 @@ class PartitionedSink:
         def attempt(_: int) -> None:
             outcomes.clear()
             rows = (
-                df.select(*self.layout.columns(), *PROVENANCE_COLUMNS)
+                df.select(*self.layout.columns(), *task.provenance())
                 .mapInArrow(functools.partial(write_partition, task), STATS_SCHEMA)
                 .collect()
             )

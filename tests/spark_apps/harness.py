@@ -320,8 +320,8 @@ class Pipeline:
 
     # -- Kafka views ------------------------------------------------------------------------
 
-    def progress(self) -> Offsets:
-        """G's stable committed offsets for the source partitions."""
+    def progress(self, *topics: str) -> Offsets:
+        """G's stable committed offsets for the partitions of ``topics`` (the source topic)."""
         # A consumer's committed() asks for stable offsets under read_committed (and, unlike
         # AdminClient.list_consumer_group_offsets in librdkafka 2.16, survives a fresh broker).
         consumer = Consumer(
@@ -333,7 +333,11 @@ class Pipeline:
             )
         )
         try:
-            partitions = [TopicPartition(t, p) for (t, p) in self.end_offsets()]
+            partitions = [
+                TopicPartition(t, p)
+                for topic in topics or (self.source_topic,)
+                for (t, p) in self.end_offsets(topic)
+            ]
             return {
                 (tp.topic, tp.partition): tp.offset
                 for tp in consumer.committed(partitions, timeout=60)

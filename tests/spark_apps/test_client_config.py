@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from eop_spark.client_config import (
+    SOURCE_FETCH_MAX_WAIT_MS,
     SOURCE_MAX_POLL_RECORDS,
     librdkafka_compatible,
     producer_config,
@@ -87,6 +88,13 @@ def test_source_polls_a_whole_fetch_unless_the_user_says_otherwise() -> None:
     assert default == str(SOURCE_MAX_POLL_RECORDS)
     mine = with_source_options(**{"max.poll.records": "500"})
     assert spark_source_options(mine)["kafka.max.poll.records"] == "500"
+
+
+def test_source_fetches_at_the_log_end_come_back_at_once_unless_the_user_says_otherwise() -> None:
+    default = spark_source_options(make_config())["kafka.fetch.max.wait.ms"]
+    assert int(default) == SOURCE_FETCH_MAX_WAIT_MS < 100
+    mine = with_source_options(**{"fetch.max.wait.ms": "500"})
+    assert spark_source_options(mine)["kafka.fetch.max.wait.ms"] == "500"
 
 
 def test_source_isolation_level_cannot_be_weakened() -> None:

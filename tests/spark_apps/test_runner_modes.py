@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.plugins.kafka import TopicFactory
 from tests.spark_apps.conftest import PipelineFactory
 from tests.spark_apps.harness import Pipeline, Runner, produce, read_committed_messages
 
@@ -50,6 +51,31 @@ def test_partitioned_filter_commits_each_kept_record_once_and_g_reaches_the_end(
     assert {b["mode"] for b in runner.batches()} == {"partitioned"}
     assert sum(b["rows_in"] for b in runner.batches()) == 4000
     assert runner.stderr == ""
+
+
+def test_partitioned_reads_several_topics_and_keeps_them_apart(
+    make_pipeline: PipelineFactory, kafka_topic_factory: TopicFactory
+) -> None:
+    """Two source topics with the same partition numbers: each (topic, partition) commits alone.
+
+    With one source topic the tasks' rows carry no topic column (the task knows it);
+    with several they do, and G must end at every partition of both.
+    """
+    pipeline = make_pipeline(source_partitions=2)
+    other = kafka_topic_factory(2, prefix="in2")
+    for topic in (pipeline.source_topic, other):
+        produce(pipeline.broker, topic, ((f"{topic}-{i}", "v", i % 2) for i in range(1000)))
+    runner = run_to_the_end(
+        pipeline,
+        "SELECT key, value FROM source",
+        source={"topics": [pipeline.source_topic, other], "maxOffsetsPerTrigger": 700},
+    )
+
+    keys = sorted(k.decode() for k, _ in pipeline.output() if k is not None)
+    assert keys == sorted(f"{t}-{i}" for t in (pipeline.source_topic, other) for i in range(1000))
+    ends = pipeline.end_offsets() | pipeline.end_offsets(other)
+    assert pipeline.progress(pipeline.source_topic, other) == ends
+    assert {b["mode"] for b in runner.batches()} == {"partitioned"}
 
 
 def test_coordinated_keeps_each_record_whole_and_in_order(make_pipeline: PipelineFactory) -> None:
