@@ -8,9 +8,10 @@ on 4 partitions), read with ``read_committed`` and written to a fresh topic by:
   (c) eop, coordinated commit mode,
   (d) the broker's ProducerPerformance tool: the ceiling for writing N records.
 
-(a)-(c) run in one SparkSession (each first copies N 100-byte records twice,
-unmeasured, so the JIT has compiled what the measured rounds run), availableNow, N/4 offsets per
-batch, the same producer batching (eop's defaults: linger.ms, batch.size).  Two figures
+(a)-(c) run in one SparkSession (each first copies N 100-byte records twice, in 40
+batches each, unmeasured, so the JIT of Spark's JVM and of the broker has compiled
+what the measured rounds run), availableNow, N/4 offsets per batch, the same
+producer batching (eop's defaults: linger.ms, batch.size).  Two figures
 each: N divided by the query's wall time (start-up included: eop plans the
 query and takes its transactional ids over before Spark starts it), and N
 divided by the time of the batches themselves (the sum of Spark's
@@ -98,9 +99,17 @@ def fill(broker: KafkaBroker, topic: str, records: int, size: int) -> None:
 
 
 def run_config(
-    broker: KafkaBroker, work: Path, name: str, source: str, sink: str, records: int, mode: str
+    broker: KafkaBroker,
+    work: Path,
+    name: str,
+    source: str,
+    sink: str,
+    records: int,
+    mode: str,
+    *,
+    batches: int = 4,
 ) -> RunConfig:
-    """The run config of one eop contender."""
+    """The run config of one eop contender: ``records`` in ``batches`` micro-batches."""
     servers = broker.bootstrap_servers
     return RunConfig.model_validate(
         {
@@ -109,7 +118,7 @@ def run_config(
                 "kafka": {
                     "bootstrapServers": servers,
                     "topics": [source],
-                    "maxOffsetsPerTrigger": max(1, records // 4),
+                    "maxOffsetsPerTrigger": max(1, records // batches),
                 }
             },
             "transform": {"sql": "SELECT key, value FROM source"},
@@ -305,8 +314,10 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
 
-#: Unmeasured copies of the warm-up topic each contender makes before the measured rounds.
+#: Unmeasured copies of the warm-up topic each contender makes before the measured rounds,
+#: and the micro-batches of each: many batches make many requests, transactions and tasks.
 WARM_UP_COPIES = 2
+WARM_UP_BATCHES = 40
 
 
 def warm_up_records(records: int) -> int:
@@ -367,10 +378,12 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
         spark.sparkContext.setLogLevel("ERROR")
 
         # Warm-up, not measured: Python workers, connector classes, and the JIT of Spark's
-        # JVM and of the broker. With -XX:+PrintCompilation, both JVMs still compiled
-        # hundreds of methods per million-record copy after one or two (the broker more for
-        # transactions, whose code paths only the eop sinks run), and a fifth of the volume
-        # as warm-up left the first measured rounds ~20 % slower than the later ones.
+        # JVM and of the broker, which a pipeline and a broker that have been up a while
+        # have behind them. With -XX:+PrintCompilation both JVMs still compiled hundreds of
+        # methods per million-record copy after two or three, and most were per-request and
+        # per-batch code (the broker's KafkaApis.handle reached C2 in the fourth copy): that
+        # code warms with the number of requests and batches, not of records, and
+        # transactions make more kinds of requests, so the warm-up runs many small batches.
         warm = warm_up_records(records)
         broker.create_topic("warm-in", PARTITIONS)
         fill(broker, "warm-in", warm, 100)
@@ -379,7 +392,9 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
                 name = f"warm-{mode}-{copy}"
                 broker.create_topic(name, PARTITIONS)
                 commit_mode = "auto" if mode == "builtin" else mode
-                config = run_config(broker, work, name, "warm-in", name, warm, commit_mode)
+                config = run_config(
+                    broker, work, name, "warm-in", name, warm, commit_mode, batches=WARM_UP_BATCHES
+                )
                 (timed_builtin if mode == "builtin" else timed_eop)(spark, config)
 
         rows = []
