@@ -2,8 +2,9 @@
 
 For record-wise queries each Spark task of a micro-batch reads exactly one
 source topic-partition ``(t, p)`` range ``[from, until)`` (``until`` from the
-checkpoint's ``offsets/N``).  The task, with the transactional producer
-``<prefix>.<t>.<p>``:
+checkpoint's ``offsets/N``, which the driver hands to the batch's tasks as the
+Spark local property :data:`BATCH_PROPERTY`).  The task, with the
+transactional producer ``<prefix>.<t>.<p>``:
 
 1. makes sure the producer holds the id (``init_transactions`` when built:
    fences every older holder and aborts its open transaction);
