@@ -73,6 +73,8 @@ STATS_SCHEMA = (
 #: is pickled and registered with the JVM once per run instead of once per batch.  Only
 #: offsets and the marker go there (local properties are written to Spark's event log).
 BATCH_PROPERTY = "eop.partitioned.batch"
+#: The local property Spark itself gives every job of a streaming batch.
+SPARK_BATCH_PROPERTY = "streaming.sql.batchId"
 
 
 @dataclass(frozen=True)
@@ -115,19 +117,30 @@ class PartitionTask:
         return tuple(c for c in PROVENANCE_COLUMNS if c != SOURCE_TOPIC)
 
 
-def encode_batch(end_offsets: Offsets, marker: str) -> str:
+def encode_batch(batch_id: int, end_offsets: Offsets, marker: str) -> str:
     """The value of :data:`BATCH_PROPERTY` for a batch."""
-    return json.dumps({"marker": marker, "end": [[t, p, o] for (t, p), o in end_offsets.items()]})
+    end = [[t, p, o] for (t, p), o in end_offsets.items()]
+    return json.dumps({"batch": batch_id, "marker": marker, "end": end})
 
 
-def decode_batch(value: str | None) -> tuple[Offsets, str]:
-    """``(end_offsets, marker)`` from :data:`BATCH_PROPERTY` (fails loudly when missing)."""
+def decode_batch(value: str | None, spark_batch: str | None = None) -> tuple[Offsets, str]:
+    """``(end_offsets, marker)`` from :data:`BATCH_PROPERTY`.
+
+    Fails when the property is missing, or names another batch than Spark's
+    own ``spark_batch`` (:data:`SPARK_BATCH_PROPERTY`) of the task's job: a
+    task commits G to its batch's end offsets, never to another batch's.
+    """
     if not value:
         raise PipelineFailed(
             f"a partitioned task found no {BATCH_PROPERTY} property: it runs outside the "
             "batch job that the partitioned sink starts"
         )
     data = json.loads(value)
+    if spark_batch is not None and str(data["batch"]) != spark_batch:
+        raise PipelineFailed(
+            f"a partitioned task of batch {spark_batch} was given the offsets of batch "
+            f"{data['batch']}: nothing is committed"
+        )
     return {(str(t), int(p)): int(o) for t, p, o in data["end"]}, str(data["marker"])
 
 
@@ -138,9 +151,9 @@ class TaskFunction:
     sink: SinkSettings
     layout: OutputLayout
 
-    def task(self, batch_property: str | None) -> PartitionTask:
+    def task(self, batch_property: str | None, spark_batch: str | None = None) -> PartitionTask:
         """This batch's :class:`PartitionTask`, from the job's :data:`BATCH_PROPERTY`."""
-        end_offsets, marker = decode_batch(batch_property)
+        end_offsets, marker = decode_batch(batch_property, spark_batch)
         return PartitionTask(self.sink, end_offsets, self.layout, marker)
 
 
@@ -281,7 +294,13 @@ def write_partition(
 
     _quiet_worker()
     context = TaskContext.get()
-    task = function.task(context.getLocalProperty(BATCH_PROPERTY) if context else None)
+    if context is None:
+        task = function.task(None)
+    else:
+        task = function.task(
+            context.getLocalProperty(BATCH_PROPERTY),
+            context.getLocalProperty(SPARK_BATCH_PROPERTY),
+        )
     first = next((b for b in batches if b.num_rows), None)
     if first is None:
         return  # nothing to tell which partition this is: the driver advances G for it
@@ -345,7 +364,7 @@ class PartitionedSink:
 
         def attempt(_: int) -> None:
             outcomes.clear()
-            rows = self._run_tasks(df, task)
+            rows = self._run_tasks(df, batch_id, task)
             outcomes.extend(PartitionOutcome(**row.asDict()) for row in rows)
             outcomes.extend(self._advance_the_rest(task, outcomes))
 
@@ -356,7 +375,7 @@ class PartitionedSink:
         result.aborted += len(failures)
         return result
 
-    def _run_tasks(self, df: DataFrame, task: PartitionTask) -> list[Any]:
+    def _run_tasks(self, df: DataFrame, batch_id: int, task: PartitionTask) -> list[Any]:
         """Run ``write_partition`` on the batch's rows; return the tasks' outcome rows.
 
         This is ``df.select(columns).mapInArrow(write_partition).collect()`` with
@@ -386,7 +405,7 @@ class PartitionedSink:
             self._jobs[columns] = (jcolumns, self._udf(*selected)._jc)
         jcolumns, jfunction = self._jobs[columns]
         jsc = df.sparkSession.sparkContext._jsc
-        jsc.setLocalProperty(BATCH_PROPERTY, encode_batch(task.end_offsets, task.marker))
+        jsc.setLocalProperty(BATCH_PROPERTY, encode_batch(batch_id, task.end_offsets, task.marker))
         try:
             # What DataFrame.mapInArrow does, with the function column built above.
             jdf = df._jdf.select(jcolumns).mapInArrow(jfunction, False, None)
