@@ -186,8 +186,11 @@ class Pipeline:
                 check=True,
             ).stdout
         )["items"]
+        # Timestamps have whole seconds: within one second, the order the apiserver stored
+        # them in (etcd's revision, which resourceVersion is on this one-node control plane).
         ordered = sorted(
-            items, key=lambda e: (e.get("firstTimestamp") or "", e["metadata"]["name"])
+            items,
+            key=lambda e: (e.get("firstTimestamp") or "", int(e["metadata"]["resourceVersion"])),
         )
         return [e["reason"] for e in ordered]
 
