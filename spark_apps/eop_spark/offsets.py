@@ -93,6 +93,11 @@ def batch_marker(query_id: str, batch_id: int) -> str:
     return f"{MARKER_PREFIX}:{query_id}:{batch_id}"
 
 
+def marker_batch(marker: str) -> str:
+    """The batch id a :func:`batch_marker` names, as text."""
+    return marker.rsplit(":", 1)[-1]
+
+
 def marked_batch(
     metadata: Mapping[TopicPartition, str], partitions: Iterable[TopicPartition], query_id: str
 ) -> int | None:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from eop_spark.attempts import with_attempts
 from eop_spark.batch_log import BatchResult, BatchStatus
 from eop_spark.errors import PipelineFailed, ProducerFenced
-from eop_spark.offsets import Offsets, TopicPartition, batch_marker
+from eop_spark.offsets import Offsets, TopicPartition, batch_marker, marker_batch
 from eop_spark.offsets_log import OffsetsLog
 from eop_spark.progress import ProgressGroup
 from eop_spark.sink_contract import (
@@ -117,18 +117,18 @@ class PartitionTask:
         return tuple(c for c in PROVENANCE_COLUMNS if c != SOURCE_TOPIC)
 
 
-def encode_batch(batch_id: int, end_offsets: Offsets, marker: str) -> str:
+def encode_batch(end_offsets: Offsets, marker: str) -> str:
     """The value of :data:`BATCH_PROPERTY` for a batch."""
-    end = [[t, p, o] for (t, p), o in end_offsets.items()]
-    return json.dumps({"batch": batch_id, "marker": marker, "end": end})
+    return json.dumps({"marker": marker, "end": [[t, p, o] for (t, p), o in end_offsets.items()]})
 
 
 def decode_batch(value: str | None, spark_batch: str | None = None) -> tuple[Offsets, str]:
     """``(end_offsets, marker)`` from :data:`BATCH_PROPERTY`.
 
-    Fails when the property is missing, or names another batch than Spark's
-    own ``spark_batch`` (:data:`SPARK_BATCH_PROPERTY`) of the task's job: a
-    task commits G to its batch's end offsets, never to another batch's.
+    Fails when the property is missing, or its marker names another batch
+    than Spark's own ``spark_batch`` (:data:`SPARK_BATCH_PROPERTY`) of the
+    task's job: a task commits G to its batch's end offsets, never to another
+    batch's.
     """
     if not value:
         raise PipelineFailed(
@@ -136,12 +136,13 @@ def decode_batch(value: str | None, spark_batch: str | None = None) -> tuple[Off
             "batch job that the partitioned sink starts"
         )
     data = json.loads(value)
-    if spark_batch is not None and str(data["batch"]) != spark_batch:
+    marker = str(data["marker"])
+    if spark_batch is not None and marker_batch(marker) != spark_batch:
         raise PipelineFailed(
             f"a partitioned task of batch {spark_batch} was given the offsets of batch "
-            f"{data['batch']}: nothing is committed"
+            f"{marker_batch(marker)}: nothing is committed"
         )
-    return {(str(t), int(p)): int(o) for t, p, o in data["end"]}, str(data["marker"])
+    return {(str(t), int(p)): int(o) for t, p, o in data["end"]}, marker
 
 
 @dataclass(frozen=True)
@@ -364,7 +365,7 @@ class PartitionedSink:
 
         def attempt(_: int) -> None:
             outcomes.clear()
-            rows = self._run_tasks(df, batch_id, task)
+            rows = self._run_tasks(df, task)
             outcomes.extend(PartitionOutcome(**row.asDict()) for row in rows)
             outcomes.extend(self._advance_the_rest(task, outcomes))
 
@@ -375,7 +376,7 @@ class PartitionedSink:
         result.aborted += len(failures)
         return result
 
-    def _run_tasks(self, df: DataFrame, batch_id: int, task: PartitionTask) -> list[Any]:
+    def _run_tasks(self, df: DataFrame, task: PartitionTask) -> list[Any]:
         """Run ``write_partition`` on the batch's rows; return the tasks' outcome rows.
 
         This is ``df.select(columns).mapInArrow(write_partition).collect()`` with
@@ -405,7 +406,7 @@ class PartitionedSink:
             self._jobs[columns] = (jcolumns, self._udf(*selected)._jc)
         jcolumns, jfunction = self._jobs[columns]
         jsc = df.sparkSession.sparkContext._jsc
-        jsc.setLocalProperty(BATCH_PROPERTY, encode_batch(batch_id, task.end_offsets, task.marker))
+        jsc.setLocalProperty(BATCH_PROPERTY, encode_batch(task.end_offsets, task.marker))
         try:
             # What DataFrame.mapInArrow does, with the function column built above.
             jdf = df._jdf.select(jcolumns).mapInArrow(jfunction, False, None)

@@ -25,7 +25,7 @@ def test_a_task_gets_the_end_offsets_and_marker_of_its_batch() -> None:
     marker = batch_marker("1b4e28ba-2fa1-11d2-883f-0016d3cca427", 42)
     function = TaskFunction(SINK, output_layout([("value", "binary")]))
 
-    task = function.task(encode_batch(42, end, marker), spark_batch="42")
+    task = function.task(encode_batch(end, marker), spark_batch="42")
 
     assert task.end_offsets == end
     assert task.marker == marker
@@ -40,6 +40,6 @@ def test_a_task_outside_the_sinks_job_refuses_to_commit(missing: str | None) -> 
 
 
 def test_a_task_refuses_the_offsets_of_another_batch() -> None:
-    stale = encode_batch(41, {("t", 0): 10}, batch_marker("q", 41))
+    stale = encode_batch({("t", 0): 10}, batch_marker("q", 41))
     with pytest.raises(PipelineFailed, match="batch 42 was given the offsets of batch 41"):
         decode_batch(stale, spark_batch="42")
