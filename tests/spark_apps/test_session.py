@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eop_spark.class_archive import java_options
-from eop_spark.session import session_conf
+from eop_spark.session import FILE_SYSTEM_CHECKPOINTS, session_conf
 from tests.spark_apps.test_client_config import make_config
 
 
@@ -52,3 +52,19 @@ def test_a_class_archive_goes_to_the_driver_jvm(tmp_path: Path) -> None:
     # An archive that does not fit this JVM is skipped, never fatal.
     assert "-Xshare:auto" in conf["spark.driver.extraJavaOptions"]
     assert java_options(None) == ""
+
+
+def test_local_checkpoints_are_written_without_spawning_processes() -> None:
+    manager = "spark.sql.streaming.checkpointFileManagerClass"
+    local = session_conf(make_config(checkpointRoot="/data/ckpt"), [], Path("/tmp/l.properties"))
+    assert local[manager] == FILE_SYSTEM_CHECKPOINTS
+    remote = session_conf(
+        make_config(checkpointRoot="s3a://bucket/ckpt"), [], Path("/tmp/l.properties")
+    )
+    assert manager not in remote  # object stores keep Spark's own choice
+    mine = session_conf(
+        make_config(checkpointRoot="/data/ckpt", spark={"conf": {manager: "x.Mine"}}),
+        [],
+        Path("/tmp/l.properties"),
+    )
+    assert mine[manager] == "x.Mine"
