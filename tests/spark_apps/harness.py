@@ -478,23 +478,34 @@ def kill_repeatedly(
 
     Most kills land 0-2.5 s after a batch was logged, i.e. while the next
     batch is reading, producing or committing; every third lands at a random
-    time after start (planning, recovery, taking over the ids).
+    time after start (planning, recovery, taking over the ids).  A runner
+    never lives past :data:`BATCHES_PER_KILL` batches, so the input lasts for
+    every kill however fast the machine is (a runner that found no input left
+    would wait for a batch forever): tests give the input at least
+    ``kills * BATCHES_PER_KILL + 1`` batches.
     """
     runners = []
     for round_ in range(kills):
         runner = pipeline.start(config, generation=generation(round_))
         runners.append(runner)
         if round_ % 3 == 2:
-            deadline = time.monotonic() + rng.uniform(3, 25)
-            while time.monotonic() < deadline and runner.alive:
-                time.sleep(0.1)
+            _live_until(runner, time.monotonic() + rng.uniform(3, 25), BATCHES_PER_KILL)
         else:
-            seen = len(runner.batches())
-            runner.wait_for("a batch", lambda r=runner, s=seen: len(r.batches()) > s, 240)
-            time.sleep(rng.uniform(0, 2.5))
+            runner.wait_for("a batch", lambda r=runner: len(r.batches()) > 0, 240)
+            _live_until(runner, time.monotonic() + rng.uniform(0, 2.5), BATCHES_PER_KILL)
         assert runner.alive, f"runner died on its own before kill {round_}\n{runner.tail()}"
         runner.kill()
     return runners
+
+
+#: The most batches a runner logs before :func:`kill_repeatedly` kills it.
+BATCHES_PER_KILL = 3
+
+
+def _live_until(runner: Runner, deadline: float, batches: int) -> None:
+    """Let ``runner`` run until ``deadline``, or until it has logged ``batches`` batches."""
+    while time.monotonic() < deadline and runner.alive and len(runner.batches()) < batches:
+        time.sleep(0.05)
 
 
 def finish(

@@ -16,12 +16,21 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests.spark_apps.conftest import PipelineFactory
-from tests.spark_apps.harness import assert_exactly_once, finish, kill_repeatedly, produce
+from tests.spark_apps.harness import (
+    BATCHES_PER_KILL,
+    assert_exactly_once,
+    finish,
+    kill_repeatedly,
+    produce,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 
 RECORDS = 200_000
 KILLS = 8
+#: Offsets per batch: the input must outlast every kill (see kill_repeatedly).
+PER_BATCH = 5_000
+assert RECORDS // PER_BATCH > KILLS * BATCHES_PER_KILL
 
 
 def test_partitioned_filter_survives_kill_9(make_pipeline: PipelineFactory) -> None:
@@ -42,7 +51,7 @@ def test_partitioned_filter_survives_kill_9(make_pipeline: PipelineFactory) -> N
         "kafka": {
             "bootstrapServers": pipeline.broker.bootstrap_servers,
             "topics": [pipeline.source_topic],
-            "maxOffsetsPerTrigger": 8000,
+            "maxOffsetsPerTrigger": PER_BATCH,
         }
     }
     config = pipeline.config(transform={"sql": sql}, source=source)
@@ -86,7 +95,7 @@ def test_coordinated_window_counts_survive_kill_9(make_pipeline: PipelineFactory
         "kafka": {
             "bootstrapServers": pipeline.broker.bootstrap_servers,
             "topics": [pipeline.source_topic],
-            "maxOffsetsPerTrigger": 20_000,
+            "maxOffsetsPerTrigger": PER_BATCH,
         }
     }
     config = pipeline.config(
