@@ -324,7 +324,11 @@ class Pipeline:
         """Play the kubelet until the driver of the current spec runs; return its spec hash."""
 
         def target() -> str | None:
-            status = self.status()
+            pipeline = self.get("eop", self.name) or {}
+            status = dict(pipeline.get("status", {}))
+            # Until the operator has seen the spec just applied, the status is the old one's.
+            if status.get("observedGeneration") != pipeline.get("metadata", {}).get("generation"):
+                return None
             upgrade = status.get("upgrade")
             if upgrade is None:
                 return status.get("specHash")
