@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -124,7 +126,10 @@ def build_session(
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if package_root not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
-    log4j2 = Path(tempfile.mkdtemp(prefix="eop-spark-")) / "log4j2.properties"
+    # The JVM reads its log configuration once, at start; the file goes when this process does.
+    log4j2_dir = tempfile.mkdtemp(prefix="eop-spark-")
+    atexit.register(shutil.rmtree, log4j2_dir, ignore_errors=True)
+    log4j2 = Path(log4j2_dir) / "log4j2.properties"
     log4j2.write_text(_LOG4J2)
     if archive_at_exit is not None:
         java_options = f"-XX:ArchiveClassesAtExit={archive_at_exit}"

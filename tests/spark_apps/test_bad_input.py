@@ -58,15 +58,22 @@ def test_missing_topic_is_named(make_pipeline: PipelineFactory, missing: str) ->
     assert time.monotonic() - started < 30
 
 
-def test_bad_transforms_fail_before_writing(make_pipeline: PipelineFactory) -> None:
+def test_bad_transforms_fail_before_writing(make_pipeline: PipelineFactory, tmp_path: Path) -> None:
     invalid_sql = with_input(make_pipeline())
     no_value = with_input(make_pipeline())
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     # Both need Spark to find out: run them side by side.
     runners = [
-        invalid_sql.start(invalid_sql.config(transform={"sql": "SELECT value FRM source"})),
+        invalid_sql.start(
+            invalid_sql.config(transform={"sql": "SELECT value FRM source"}),
+            env={"TMPDIR": str(temp)},
+        ),
         no_value.start(no_value.config(transform={"sql": "SELECT key FROM source"})),
     ]
     assert_one_error_line(runners[0], 2, "invalid transform SQL", "PARSE_SYNTAX_ERROR")
     assert_one_error_line(runners[1], 2, "no 'value' column (columns: key)")
     assert invalid_sql.output() == [] and no_value.output() == []
     assert invalid_sql.progress() == {} and no_value.progress() == {}
+    # A failed run leaves nothing behind in the temporary directory (its Spark log settings).
+    assert not list(temp.glob("eop-spark-*"))
