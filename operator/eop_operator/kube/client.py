@@ -71,6 +71,22 @@ def _pem(data: str | bytes) -> bytes:
     return raw if raw.lstrip().startswith(b"-----") else base64.b64decode(raw)
 
 
+def _load_client_certificate(
+    context: ssl.SSLContext, certificate: str | bytes, private_key: str | bytes
+) -> None:
+    """Load a client certificate given as data: ssl reads them only from files.
+
+    The files live in a directory only this process's user can read, and only
+    while ssl reads them: no copy of the private key stays on disk.
+    """
+    with tempfile.TemporaryDirectory(prefix="eop-tls-") as folder:
+        cert, key = os.path.join(folder, "tls.crt"), os.path.join(folder, "tls.key")
+        for path, data in ((cert, certificate), (key, private_key)):
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as handle:
+                handle.write(_pem(data))
+        context.load_cert_chain(cert, key)
+
+
 def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext:
     """TLS settings from kopf's connection info: CA, client certificate, insecure flag."""
     context = ssl.create_default_context()
@@ -78,16 +94,12 @@ def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext:
         context.load_verify_locations(cafile=os.fsdecode(info.ca_path))
     elif info.ca_data:
         context.load_verify_locations(cadata=_pem(info.ca_data).decode())
-    cert, key = info.certificate_path, info.private_key_path
     if info.certificate_data and info.private_key_data:
-        # ssl only loads client certificates from files: keep them private to this process.
-        folder = tempfile.mkdtemp(prefix="eop-tls-")
-        cert, key = os.path.join(folder, "tls.crt"), os.path.join(folder, "tls.key")
-        for path, data in ((cert, info.certificate_data), (key, info.private_key_data)):
-            with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as handle:
-                handle.write(_pem(data))
-    if cert and key:
-        context.load_cert_chain(os.fsdecode(cert), os.fsdecode(key))
+        _load_client_certificate(context, info.certificate_data, info.private_key_data)
+    elif info.certificate_path and info.private_key_path:
+        context.load_cert_chain(
+            os.fsdecode(info.certificate_path), os.fsdecode(info.private_key_path)
+        )
     if info.insecure:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
