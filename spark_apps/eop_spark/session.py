@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -19,6 +20,12 @@ from eop_spark.offsets_log import is_local
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+#: A directory only this driver uses, set by the operator in the driver pod.  It lives on
+#: the pod's emptyDir, which outlives a killed container: see :func:`prepare_scratch`.
+SCRATCH_ENV = "EOP_SCRATCH_DIR"
 
 #: Spark's checkpoint file manager on the FileSystem API (see :func:`session_conf`).
 FILE_SYSTEM_CHECKPOINTS = (
@@ -106,6 +113,47 @@ def session_conf(
     return conf | user
 
 
+def prepare_scratch() -> Path | None:
+    """Empty ``$EOP_SCRATCH_DIR`` and make it Spark's local directory; None when unset.
+
+    Spark removes its scratch files (a copy of the connector jars, ~10 MB, and the
+    block manager's files) when the driver stops, but not when it is killed, and a
+    driver container restarted after a SIGKILL or an OOM kill finds the emptyDir of
+    its predecessor: without this, every such restart would leave them behind until
+    the pod is deleted.  Only a new driver process calls this, and the directory is
+    its own, so whatever is there belongs to a driver that is gone.
+    ``SPARK_LOCAL_DIRS`` set in ``spec.driver.env`` still wins.
+    """
+    value = os.environ.get(SCRATCH_ENV)
+    if not value:
+        return None
+    scratch = Path(value)
+    scratch.mkdir(parents=True, exist_ok=True)
+    stale = sorted(scratch.iterdir())
+    size = sum(f.lstat().st_size for entry in stale for f in _files(entry))
+    for entry in stale:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    if stale:
+        log.info(
+            "removed %d entries (%.1f MB) an earlier driver left in %s",
+            len(stale),
+            size / 1e6,
+            scratch,
+        )
+    os.environ.setdefault("SPARK_LOCAL_DIRS", str(scratch))
+    return scratch
+
+
+def _files(entry: Path) -> Iterator[Path]:
+    if entry.is_symlink() or not entry.is_dir():
+        yield entry
+        return
+    yield from (f for f in entry.rglob("*") if f.is_file() and not f.is_symlink())
+
+
 def build_session(
     config: RunConfig, jars: list[Path], *, archive_at_exit: Path | None = None
 ) -> SparkSession:
@@ -126,8 +174,9 @@ def build_session(
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if package_root not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
+    scratch = prepare_scratch()
     # The JVM reads its log configuration once, at start; the file goes when this process does.
-    log4j2_dir = tempfile.mkdtemp(prefix="eop-spark-")
+    log4j2_dir = tempfile.mkdtemp(prefix="eop-spark-", dir=scratch)
     atexit.register(shutil.rmtree, log4j2_dir, ignore_errors=True)
     log4j2 = Path(log4j2_dir) / "log4j2.properties"
     log4j2.write_text(_LOG4J2)

@@ -55,6 +55,8 @@ def test_driver_runs_one_non_root_pod_with_config_and_checkpoint(manifest: dict[
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert "emptyDir" in next(v for v in pod["volumes"] if v["name"] == mounts["/tmp"])
     assert container["workingDir"] == "/tmp"
+    # What a killed driver left there is removed by the next one: a directory of its own.
+    assert _env(container, "EOP_SCRATCH_DIR")["value"].startswith("/tmp/")
     assert pod["automountServiceAccountToken"] is False
     claims = [
         v["persistentVolumeClaim"]["claimName"]

@@ -63,13 +63,19 @@ def test_bad_transforms_fail_before_writing(make_pipeline: PipelineFactory, tmp_
     no_value = with_input(make_pipeline())
     temp = tmp_path / "tmp"
     temp.mkdir()
+    # What a killed driver of the pod left in its scratch directory.
+    scratch = tmp_path / "scratch"
+    (scratch / "spark-stale" / "userFiles-0").mkdir(parents=True)
     # Both need Spark to find out: run them side by side.
     runners = [
         invalid_sql.start(
             invalid_sql.config(transform={"sql": "SELECT value FRM source"}),
             env={"TMPDIR": str(temp)},
         ),
-        no_value.start(no_value.config(transform={"sql": "SELECT key FROM source"})),
+        no_value.start(
+            no_value.config(transform={"sql": "SELECT key FROM source"}),
+            env={"EOP_SCRATCH_DIR": str(scratch)},
+        ),
     ]
     assert_one_error_line(runners[0], 2, "invalid transform SQL", "PARSE_SYNTAX_ERROR")
     assert_one_error_line(runners[1], 2, "no 'value' column (columns: key)")
@@ -77,3 +83,5 @@ def test_bad_transforms_fail_before_writing(make_pipeline: PipelineFactory, tmp_
     assert invalid_sql.progress() == {} and no_value.progress() == {}
     # A failed run leaves nothing behind in the temporary directory (its Spark log settings).
     assert not list(temp.glob("eop-spark-*"))
+    assert not (scratch / "spark-stale").exists()
+    assert any(m.startswith("removed 1 entries") for m in runners[1].messages()), runners[1].tail()

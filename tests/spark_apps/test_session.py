@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
+
 from eop_spark.class_archive import java_options
-from eop_spark.session import FILE_SYSTEM_CHECKPOINTS, session_conf
+from eop_spark.session import FILE_SYSTEM_CHECKPOINTS, SCRATCH_ENV, prepare_scratch, session_conf
 from tests.spark_apps.test_client_config import make_config
 
 
@@ -68,3 +71,36 @@ def test_local_checkpoints_are_written_without_spawning_processes() -> None:
         Path("/tmp/l.properties"),
     )
     assert mine[manager] == "x.Mine"
+
+
+def test_scratch_left_by_a_killed_driver_is_removed_and_becomes_sparks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    scratch = tmp_path / "spark"
+    jars = scratch / "spark-0a1b" / "userFiles-2c3d"
+    jars.mkdir(parents=True)
+    (jars / "kafka-clients.jar").write_bytes(b"x" * 2_000_000)
+    (scratch / "blockmgr-4e5f").mkdir()
+    outside = tmp_path / "keep"
+    outside.mkdir()
+    (scratch / "link").symlink_to(outside)
+    monkeypatch.setenv(SCRATCH_ENV, str(scratch))
+    monkeypatch.delenv("SPARK_LOCAL_DIRS", raising=False)
+    caplog.set_level("INFO", logger="eop_spark.session")
+    assert prepare_scratch() == scratch
+    assert list(scratch.iterdir()) == []
+    assert outside.is_dir()  # a link is removed, never followed
+    assert os.environ["SPARK_LOCAL_DIRS"] == str(scratch)
+    assert "removed 3 entries (2.0 MB) an earlier driver left in" in caplog.text
+
+
+def test_scratch_is_created_and_user_local_dirs_win(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(SCRATCH_ENV, str(tmp_path / "new"))
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", "/data/spark")
+    assert prepare_scratch() == tmp_path / "new"
+    assert (tmp_path / "new").is_dir()
+    assert os.environ["SPARK_LOCAL_DIRS"] == "/data/spark"
+    monkeypatch.delenv(SCRATCH_ENV)
+    assert prepare_scratch() is None

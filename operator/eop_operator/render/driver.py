@@ -29,6 +29,7 @@ from eop_operator.render.ports import (
 )
 from eop_operator.render.rbac import driver_service_account_name
 from eop_spark.config import CONFIG_FILE_NAME
+from eop_spark.session import SCRATCH_ENV
 from eop_spark.spec import duration_ms
 
 CONFIG_DIR = "/etc/eop"
@@ -182,7 +183,7 @@ def _container(pipeline: ExactlyOncePipeline, image: str, ports: DriverPorts) ->
         "workingDir": "/tmp",
         "env": [
             {"name": "EOP_TERMINATION_LOG", "value": "/dev/termination-log"},
-            {"name": "SPARK_LOCAL_DIRS", "value": "/tmp/spark"},
+            {"name": SCRATCH_ENV, "value": "/tmp/spark"},
             {"name": "HOME", "value": "/tmp"},
             _metrics_host_env(ports),
             *pipeline.spec.driver.env,
