@@ -155,7 +155,10 @@ def producer_config(
         "transactional.id": transactional_id,
         "enable.idempotence": True,
         "transaction.timeout.ms": duration_ms(transaction_timeout),
-        # commit_transaction() reports failed deliveries; per-message reports would only cost.
+        # commit_transaction() reports failed deliveries: no per-record report is wanted.
+        # confluent-kafka applies this in its own callback (librdkafka still hands every
+        # acknowledged record to the thread that polls, which frees it); it keeps a
+        # callback, should one be set, from running per record.
         "delivery.report.only.error": True,
     }
     return conf
