@@ -33,6 +33,7 @@ from confluent_kafka import (
 )
 
 from devenv.kafka import KafkaBroker
+from eop_spark.session import SCRATCH_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 SPARK_APPS = REPO / "spark_apps"
@@ -309,7 +310,10 @@ class Pipeline:
         args = ["run", "--config", str(path), "--log-format", "json", *extra_args]
         if generation is not None:
             args += ["--generation", str(generation)]
-        runner = Runner(args, self.work / "logs", runner_env(env))
+        # Spark's scratch files (which a runner killed with SIGKILL leaves) go to the work
+        # dir, not /tmp: one directory per runner, as two runners of a pipeline may run at once.
+        scratch = {SCRATCH_ENV: str(self.work / "scratch" / f"runner-{len(self.runners)}")}
+        runner = Runner(args, self.work / "logs", runner_env({**scratch, **(env or {})}))
         self.runners.append(runner)
         return runner
 
