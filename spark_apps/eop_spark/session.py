@@ -130,7 +130,12 @@ def prepare_scratch() -> Path | None:
     scratch = Path(value)
     scratch.mkdir(parents=True, exist_ok=True)
     stale = sorted(scratch.iterdir())
-    size = sum(f.lstat().st_size for entry in stale for f in _files(entry))
+    # os.walk lists links without following them: only the files that are there count.
+    size = sum(
+        os.lstat(os.path.join(root, name)).st_size
+        for root, _, names in os.walk(scratch)
+        for name in names
+    )
     for entry in stale:
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
@@ -145,13 +150,6 @@ def prepare_scratch() -> Path | None:
         )
     os.environ.setdefault("SPARK_LOCAL_DIRS", str(scratch))
     return scratch
-
-
-def _files(entry: Path) -> Iterator[Path]:
-    if entry.is_symlink() or not entry.is_dir():
-        yield entry
-        return
-    yield from (f for f in entry.rglob("*") if f.is_file() and not f.is_symlink())
 
 
 def build_session(
