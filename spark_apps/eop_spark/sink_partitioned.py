@@ -29,6 +29,7 @@ import functools
 import hashlib
 import json
 import logging
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -41,6 +42,7 @@ from eop_spark.batch_log import BatchResult, BatchStatus
 from eop_spark.errors import PipelineFailed, ProducerFenced
 from eop_spark.offsets import Offsets, TopicPartition, batch_marker, marker_batch
 from eop_spark.offsets_log import OffsetsLog
+from eop_spark.producer_hub import commit_via_hub
 from eop_spark.progress import ProgressGroup
 from eop_spark.sink_contract import (
     PROVENANCE_COLUMNS,
@@ -158,10 +160,12 @@ class TaskFunction:
         return PartitionTask(self.sink, end_offsets, self.layout, marker)
 
 
-# Per-process caches: a Spark Python worker serves many tasks and batches, and
-# building a producer (connect, init_transactions) costs more than a small batch.
+# Per-process caches: the producer hub (or a Spark Python worker) serves many tasks and
+# batches, and building a producer (connect, init_transactions) costs more than a small
+# batch.  The hub serves tasks on threads, one at a time per transactional id.
 _producers: dict[tuple[str, str], TransactionalProducer] = {}
 _groups: dict[str, ProgressGroup] = {}
+_groups_lock = threading.Lock()
 
 
 def _fingerprint(conf: dict[str, Any]) -> str:
@@ -170,9 +174,10 @@ def _fingerprint(conf: dict[str, Any]) -> str:
 
 def _progress_group(sink: SinkSettings) -> ProgressGroup:
     key = _fingerprint({**sink.client_config, "group": sink.group})
-    if key not in _groups:
-        _groups[key] = ProgressGroup(sink.group, sink.client_config)
-    return _groups[key]
+    with _groups_lock:
+        if key not in _groups:
+            _groups[key] = ProgressGroup(sink.group, sink.client_config)
+        return _groups[key]
 
 
 def _producer(sink: SinkSettings, tp: TopicPartition, fresh: bool) -> TransactionalProducer:
@@ -189,7 +194,7 @@ def _producer(sink: SinkSettings, tp: TopicPartition, fresh: bool) -> Transactio
 
 
 def _discard(sink: SinkSettings, tp: TopicPartition) -> None:
-    for key in [k for k in _producers if k[0] == sink.transactional_id(tp)]:
+    for key in [k for k in list(_producers) if k[0] == sink.transactional_id(tp)]:
         _producers.pop(key).close()
 
 
@@ -311,7 +316,10 @@ def write_partition(
     tp = (topic, first.column(SOURCE_PARTITION)[0].as_py())
     if tp not in task.end_offsets:
         raise PipelineFailed(f"rows of {tp} are not in this batch's offsets {task.end_offsets}")
-    outcome = commit_partition(task, tp, chain([first], batches))
+    rows = chain([first], batches)
+    outcome = commit_via_hub(task, tp, rows)  # the executor's producer hub, if it has one
+    if outcome is None:
+        outcome = commit_partition(task, tp, rows)
     yield pa.RecordBatch.from_pylist([outcome.__dict__])
 
 

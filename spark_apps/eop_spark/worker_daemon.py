@@ -7,17 +7,23 @@ source partition), and of every worker a restarted runner starts:
 * Spark puts ``pyspark.zip``, the py4j zip and the ``spark-core`` jar first
   on the workers' ``PYTHONPATH``.  pyspark's worker calls
   ``importlib.invalidate_caches()`` before every task, and on Python 3.11 that
-  re-reads the directory of every zip on the path, once per package imported
-  from it: about half a second of CPU per task.  When pyspark and py4j are
-  importable from elsewhere (a pip-installed pyspark ships the same modules
-  in site-packages, with compiled bytecode), the archives are dropped from
-  the path.
+  re-reads the directory of every zip importer Python made, once per package
+  imported from it: about half a second of CPU per task.  When pyspark and
+  py4j are importable from elsewhere (a pip-installed pyspark ships the same
+  modules in site-packages, with compiled bytecode), the archives are dropped
+  from the path, with the importers and namespace packages made from them
+  (importing :mod:`pickle` with the jar on the path makes one; left there, it took
+  half the Python workers' CPU).
 * The modules the sinks' tasks need (pyarrow, pandas, confluent-kafka,
   the sink code) are imported here once, so a forked worker starts with them.
 * Everything imported is moved out of the garbage collector's sight
   (``gc.freeze``) before workers are forked: a reused worker runs a full
   ``gc.collect()`` after every task, which otherwise walks every object of
   those libraries each time.
+
+Before the first worker it forks the executor's producer hub
+(:mod:`eop_spark.producer_hub`), which keeps the partitioned sink's
+producers whichever worker runs a partition's task.
 
 The workers print their threads' stacks on SIGUSR1 (to stderr, which Spark
 copies into the runner's), like the runner does.  The daemon itself does not:
@@ -36,6 +42,7 @@ import signal
 import sys
 from importlib.machinery import PathFinder
 
+from eop_spark import producer_hub
 from eop_spark.allocator import keep_freed_memory
 
 log = logging.getLogger(__name__)
@@ -65,7 +72,16 @@ def drop_spark_archives() -> list[str]:
     if not archives or any(PathFinder.find_spec(m, rest) is None for m in ("pyspark", "py4j")):
         return []
     sys.path[:] = rest
-    for key in [k for k in sys.path_importer_cache if k.startswith(tuple(archives))]:
+    inside = tuple(archives)
+    # Namespace packages found in an archive while it was on the path (Python 3.11's pickle
+    # tries `from org.python.core import ...`, and the spark-core jar has an org/ directory)
+    # would keep a zip importer of it, which every task's invalidate_caches() re-reads.
+    for name, module in list(sys.modules.items()):
+        portions = list(getattr(module, "__path__", None) or [])
+        namespace = getattr(module, "__file__", None) is None and portions
+        if namespace and all(str(portion).startswith(inside) for portion in portions):
+            del sys.modules[name]
+    for key in [k for k in list(sys.path_importer_cache) if k.startswith(inside)]:
         del sys.path_importer_cache[key]
     return archives
 
@@ -77,6 +93,12 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> None:
             importlib.import_module(name)
         except ImportError as exc:
             log.debug("not preloading %s: %s", name, exc)
+
+
+def _local_dir() -> str | None:
+    """Spark's first local directory (the pod's scratch dir, emptied when a driver starts)."""
+    first = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0]
+    return first if first and os.path.isdir(first) else None
 
 
 def _dump_stacks_on_sigusr1() -> None:
@@ -93,6 +115,10 @@ def main() -> None:
 
     gc.collect()
     gc.freeze()
+    if producer_hub.enabled():
+        hub = producer_hub.start(_local_dir())
+        if hub is not None:
+            os.environ[producer_hub.SOCKET_ENV] = hub  # inherited by every forked worker
     manager()  # type: ignore[no-untyped-call]
 
 

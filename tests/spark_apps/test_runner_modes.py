@@ -53,6 +53,34 @@ def test_partitioned_filter_commits_each_kept_record_once_and_g_reaches_the_end(
     assert runner.stderr == ""
 
 
+def test_partitioned_keeps_its_producers_from_batch_to_batch(
+    make_pipeline: PipelineFactory,
+) -> None:
+    """No batch of a lone runner finds a producer fenced (the executor's hub holds them).
+
+    Spark hands a partition's task to whichever Python worker is idle; with
+    producers kept in the workers, one worker's producer took the id over from
+    the other's, and that one counted as fenced at its next use.
+    """
+    pipeline = make_pipeline()
+    produce(
+        pipeline.broker,
+        pipeline.source_topic,
+        ((f"k{i}", f"v{i}", i % 4) for i in range(4000)),
+    )
+    runner = run_to_the_end(
+        pipeline,
+        "SELECT key, value FROM source",
+        source={"topics": [pipeline.source_topic], "maxOffsetsPerTrigger": 500},
+    )
+    batches = runner.batches()
+    assert len(batches) >= 8
+    assert [b["fenced"] for b in batches] == [0] * len(batches)
+    assert sorted(k.decode() for k, _ in pipeline.output() if k) == sorted(
+        f"k{i}" for i in range(4000)
+    )
+
+
 def test_partitioned_reads_several_topics_and_keeps_them_apart(
     make_pipeline: PipelineFactory, kafka_topic_factory: TopicFactory
 ) -> None:

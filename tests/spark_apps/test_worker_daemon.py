@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,77 @@ def test_archives_stay_when_pyspark_lives_only_there(
     monkeypatch.setattr(sys, "path", [archive, str(tmp_path)])
     assert worker_daemon.drop_spark_archives() == []
     assert sys.path == [archive, str(tmp_path)]
+
+
+def test_namespace_packages_found_in_an_archive_leave_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python 3.11's pickle tries `import org.python.core`; the spark-core jar has org/."""
+    import importlib
+    import zipfile
+    import zipimport
+
+    home = spark_home(tmp_path / "spark")
+    jar = str(home / "jars/spark-core.jar")
+    with zipfile.ZipFile(jar, "w") as archive:
+        for entry in ("eopns/", "eopns/java/"):  # jars list their directories
+            archive.writestr(entry, b"")
+        archive.writestr("eopns/java/Thing.class", b"\xca\xfe")
+    monkeypatch.setenv("SPARK_HOME", str(home))
+    monkeypatch.setattr(sys, "path", [jar, *sys.path])
+    monkeypatch.setattr(sys, "path_importer_cache", dict(sys.path_importer_cache))
+    # The import system uses the interpreter's own module dict: clean up in it.
+    for name in ("eopns", "eopns.python"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with pytest.raises(ImportError):
+        importlib.import_module("eopns.python.core")  # what pickle does with org.python.core
+    assert "eopns" in sys.modules  # a namespace package made from the jar
+
+    assert worker_daemon.drop_spark_archives() == [jar]
+
+    assert "eopns" not in sys.modules
+    importlib.invalidate_caches()
+    with pytest.raises(ImportError):
+        importlib.import_module("eopns.python.core")
+    zip_importers = [
+        key
+        for key, finder in sys.path_importer_cache.items()
+        if isinstance(finder, zipimport.zipimporter)
+    ]
+    assert zip_importers == []
+
+
+def _zip_importers(_: object) -> Iterator[list[str]]:
+    import zipimport
+
+    cache = sys.path_importer_cache
+    yield [key for key, finder in cache.items() if isinstance(finder, zipimport.zipimporter)]
+
+
+@pytest.mark.spark
+def test_real_python_workers_keep_no_importer_of_sparks_archives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each such importer costs every task a re-read of the archive (the spark-core jar)."""
+    from eop_spark.config import RunConfig
+    from eop_spark.session import build_session
+
+    for name in ("PYTHONPATH", "PYSPARK_PYTHON", "SPARK_LOCAL_IP", "SPARK_HOME"):
+        monkeypatch.delenv(name, raising=False)  # restored after the test; the session sets them
+    config = RunConfig.model_validate(
+        {
+            "pipeline": "test.worker-daemon",
+            "source": {"kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["in"]}},
+            "transform": {"sql": "SELECT key, value FROM source"},
+            "sink": {"kafka": {"bootstrapServers": "127.0.0.1:9", "topic": "out"}},
+            "transactionalIdPrefix": "test",
+            "progressGroup": "test",
+            "checkpointRoot": str(tmp_path),
+        }
+    )
+    spark = build_session(config, [])
+    try:
+        found = spark.sparkContext.parallelize(range(2), 2).mapPartitions(_zip_importers).collect()
+    finally:
+        spark.stop()
+    assert found == [[], []]
