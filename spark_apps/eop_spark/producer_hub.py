@@ -235,7 +235,7 @@ def _die_with_parent(parent: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != parent:  # the daemon died before prctl
-        os._exit(0)
+        raise SystemExit(0)  # through start()'s clean-up
 
 
 def _stop(*_: object) -> None:
@@ -244,13 +244,13 @@ def _stop(*_: object) -> None:
 
 def _hub_main(listener: socket.socket, parent: int) -> None:
     """The hub process's life (a child forked from the worker daemon)."""
+    signal.signal(signal.SIGTERM, _stop)  # before prctl: the parent's death cleans up too
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # pyspark's daemon SIGHUPs its group on exit
     _die_with_parent(parent)
     # fd 0 and 1 are the daemon's pipes to the JVM: keep them out of reach.
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(2, 1)
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="eop hub: %(message)s")
     from eop_spark.sink_partitioned import commit_partition
 
