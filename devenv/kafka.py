@@ -412,7 +412,12 @@ class KafkaBroker:
                 with log_path.open("rb") as log:
                     log.seek(size)
                     text = log.read()
-                if b"because its session has timed out" in text:
+                timed_out = text.find(b"because its session has timed out")
+                if timed_out >= 0 and b"fenced=1" in text[timed_out:]:
+                    # The fencing record is replayed; give the quorum a moment to make it
+                    # durable (a SIGTERM 6 ms after the timeout line once lost it, and the
+                    # restarted broker hit the stale registration all the same).
+                    time.sleep(1.0)
                     break
                 if activated is None and b"Performing controller activation" in text:
                     activated = time.monotonic()
