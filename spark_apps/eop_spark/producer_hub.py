@@ -28,7 +28,8 @@ the old attempt still streams) shuts the older task's connection down, which
 aborts its transaction, before it starts.
 
 The hub exits with the daemon (``PR_SET_PDEATHSIG``), and so with the
-executor.  ``EOP_NO_PRODUCER_HUB=1`` keeps producers in the workers.
+executor.  A hub killed outright leaves its directory behind; the next one
+to start removes those nobody listens on (:func:`sweep`).  ``EOP_NO_PRODUCER_HUB=1`` keeps producers in the workers.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import struct
 import sys
 import tempfile
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
@@ -67,6 +69,10 @@ _HEADER = struct.Struct("!I")
 _END = "end"  # the trailer after a task's Arrow stream: (_END, rows sent)
 _PR_SET_PDEATHSIG = 1
 _MAX_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+_DIR_PREFIX = "eop-hub-"
+_SOCKET = "hub.sock"
+#: A dead hub's directory younger than this may be a starting hub's: it stays.
+STALE_AFTER_S = 60.0
 
 
 def enabled() -> bool:
@@ -257,13 +263,58 @@ def _hub_main(listener: socket.socket, parent: int) -> None:
     Hub(listener, commit_partition).serve_forever()
 
 
+def _listening(path: str) -> bool:
+    """Whether a process accepts connections on the Unix socket at ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def sweep(directory: str | None, *, grace_s: float = STALE_AFTER_S) -> list[str]:
+    """Remove the socket directories of dead hubs in ``directory``; return their paths.
+
+    A hub removes its directory when it exits, but not when it is killed
+    (SIGKILL of a runner's whole process group, an OOM kill), so on a
+    long-lived machine they would pile up in the temp dir.  A directory goes
+    when it is this user's and nobody listens on its socket; one younger than
+    ``grace_s`` (by its own or its socket's time) may belong to a hub that
+    is starting, and is left alone.
+    """
+    parent = directory or tempfile.gettempdir()
+    removed: list[str] = []
+    now = time.time()
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(_DIR_PREFIX):
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            info = entry.stat(follow_symlinks=False)
+            sock = os.path.join(entry.path, _SOCKET)
+            youngest = max(info.st_mtime, os.lstat(sock).st_mtime if os.path.lexists(sock) else 0)
+        except OSError:
+            continue
+        if info.st_uid != os.getuid() or now - youngest < grace_s or _listening(sock):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
+
+
 def _private_dir(directory: str | None) -> str:
     """A new mode-0700 directory in ``directory``, or in the temp dir if its socket path
     would be too long there (a Unix socket's path has at most 107 bytes)."""
-    private = tempfile.mkdtemp(prefix="eop-hub-", dir=directory)
-    if directory is not None and len(os.path.join(private, "hub.sock").encode()) > _MAX_PATH:
+    private = tempfile.mkdtemp(prefix=_DIR_PREFIX, dir=directory)
+    if directory is not None and len(os.path.join(private, _SOCKET).encode()) > _MAX_PATH:
         os.rmdir(private)
-        private = tempfile.mkdtemp(prefix="eop-hub-")
+        private = tempfile.mkdtemp(prefix=_DIR_PREFIX)
     return private
 
 
@@ -273,9 +324,11 @@ def start(directory: str | None = None) -> str | None:
     The listening socket is bound before the fork, so workers can connect at
     once.  Returns None (producers stay in the workers) when it cannot start.
     """
+    for stale in sweep(directory) + (sweep(None) if directory is not None else []):
+        log.info("removed %s, left by a producer hub that was killed", stale)
     try:
         private = _private_dir(directory)
-        path = os.path.join(private, "hub.sock")
+        path = os.path.join(private, _SOCKET)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(path)
         listener.listen(64)

@@ -220,3 +220,52 @@ def test_a_deep_scratch_dir_moves_the_socket_to_the_temp_dir(tmp_path: Path) -> 
         for leftover in Path(private).iterdir():
             leftover.unlink()
         os.rmdir(private)
+
+
+def _hub_dir(parent: Path, name: str, *, age_s: float, listening: bool) -> tuple[Path, Any]:
+    """A hub socket directory as a hub leaves it: its socket, listened on or dead."""
+    directory = parent / f"eop-hub-{name}"
+    directory.mkdir(mode=0o700)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(directory / "hub.sock"))
+    if listening:
+        server.listen(1)
+    else:
+        server.close()  # killed: the socket file stays, nobody accepts
+    then = time.time() - age_s
+    for path in (directory / "hub.sock", directory):
+        os.utime(path, (then, then), follow_symlinks=False)
+    return directory, server
+
+
+def test_a_new_hub_sweeps_away_what_killed_hubs_left(tmp_path: Path) -> None:
+    """SIGKILL leaves a hub's socket directory behind; the next daemon's hub removes it."""
+    dead, _ = _hub_dir(tmp_path, "dead", age_s=3600, listening=False)
+    alive, server = _hub_dir(tmp_path, "alive", age_s=3600, listening=True)
+    starting, _ = _hub_dir(tmp_path, "starting", age_s=1, listening=False)
+    unrelated = tmp_path / "eop-other"
+    unrelated.mkdir()
+    try:
+        assert producer_hub.sweep(str(tmp_path)) == [str(dead)]
+        assert not dead.exists()
+        assert alive.exists() and starting.exists() and unrelated.exists()
+    finally:
+        server.close()
+    # A hub that starts sweeps first (the live one above has just died).
+    code = (
+        "from eop_spark import producer_hub\n"
+        f"print(producer_hub.start({str(tmp_path)!r}), flush=True)\n"
+    )
+    started = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert started.stdout.strip().startswith(str(tmp_path))
+    assert not alive.exists() and starting.exists()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to hand a directory to another user")
+def test_the_sweep_leaves_other_users_directories_alone(tmp_path: Path) -> None:
+    theirs, _ = _hub_dir(tmp_path, "theirs", age_s=3600, listening=False)
+    os.chown(theirs, 65534, 65534)
+    assert producer_hub.sweep(str(tmp_path)) == []
+    assert theirs.exists()
