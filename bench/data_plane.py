@@ -30,7 +30,7 @@ the new runner commits.  Runners map the JVM class archive as they do in the
 dev environment and the image (built first if missing, see
 eop_spark.class_archive).
 
-    .venv/bin/python bench/data_plane.py                  # 1,000,000 records, ~30 min on 2 cores
+    .venv/bin/python bench/data_plane.py                  # 1,000,000 records, ~15 min on 2 cores
     .venv/bin/python bench/data_plane.py --records 100000 # quick look
 """
 
