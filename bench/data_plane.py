@@ -11,10 +11,10 @@ on 4 partitions), read with ``read_committed`` and written to a fresh topic by:
 (a)-(c) run in one SparkSession (each first copies N 100-byte records twice, in 40
 batches each, and then each size's input once, unmeasured, so the JIT of Spark's JVM
 and of the broker has compiled what the measured rounds run), availableNow, N/4
-offsets per batch, the same producer batching (eop's defaults: linger.ms, batch.size).  Two figures
-each: N divided by the query's wall time (start-up included: eop plans the
-query and takes its transactional ids over before Spark starts it), and N
-divided by the time of the batches themselves (the sum of Spark's
+offsets per batch, the same producer batching (eop's defaults: linger.ms,
+batch.size).  Two figures each: N divided by the query's wall time (start-up
+included: eop plans the query and takes its transactional ids over before Spark
+starts it), and N divided by the time of the batches themselves (the sum of Spark's
 ``triggerExecution`` over the batches that read rows: the rate a running
 pipeline sustains; the same measure for every contender).  Each of (a)-(c)
 runs ``--rounds`` times, in a rotating order, and keeps its best round: on a

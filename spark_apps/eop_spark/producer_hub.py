@@ -29,7 +29,8 @@ aborts its transaction, before it starts.
 
 The hub exits with the daemon (``PR_SET_PDEATHSIG``), and so with the
 executor.  A hub killed outright leaves its directory behind; the next one
-to start removes those nobody listens on (:func:`sweep`).  ``EOP_NO_PRODUCER_HUB=1`` keeps producers in the workers.
+to start removes those nobody listens on (:func:`sweep`).
+``EOP_NO_PRODUCER_HUB=1`` keeps producers in the workers.
 """
 
 from __future__ import annotations
@@ -324,8 +325,10 @@ def start(directory: str | None = None) -> str | None:
     The listening socket is bound before the fork, so workers can connect at
     once.  Returns None (producers stay in the workers) when it cannot start.
     """
-    for stale in sweep(directory) + (sweep(None) if directory is not None else []):
-        log.info("removed %s, left by a producer hub that was killed", stale)
+    # Where hubs put their directories: the scratch dir, and the temp dir (the fallback).
+    for place in {directory or tempfile.gettempdir(), tempfile.gettempdir()}:
+        for stale in sweep(place):
+            log.info("removed %s, left by a producer hub that was killed", stale)
     try:
         private = _private_dir(directory)
         path = os.path.join(private, _SOCKET)
