@@ -88,7 +88,9 @@ def driver_batches(df: DataFrame) -> Iterator[pa.RecordBatch]:
     binary value (at most :data:`BLOB_BYTES` of Arrow data), so the driver
     receives a few large values per partition and queues them with
     :func:`~eop_spark.sink_contract.produce_arrow_batch`.  Memory stays what
-    ``toLocalIterator(prefetchPartitions=True)`` needs: about two partitions.
+    ``toLocalIterator(prefetchPartitions=True)`` needs, about two partitions,
+    plus the batches whose records are not delivered yet (the producer keeps at
+    most :data:`~eop_spark.transactions.HOLD_LIMIT_BYTES` of them).
     """
     import pyarrow as pa
 

@@ -15,6 +15,7 @@ caller rebuilds the producer first) or :class:`~eop_spark.errors.PipelineFailed`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -28,6 +29,10 @@ log = logging.getLogger(__name__)
 
 #: How long one blocking transaction API call may retry retriable errors.
 CALL_TIMEOUT_S = 60.0
+#: How much Arrow data queued records may point into before :meth:`TransactionalProducer.
+#: produce_arrow` waits for them to be delivered and lets go of it.  With librdkafka's copies
+#: (before), up to ``queue.buffering.max.messages`` records were kept, 500 MB of 1 KiB ones.
+HOLD_LIMIT_BYTES = 128 * 1024 * 1024
 
 T = TypeVar("T")
 
@@ -66,6 +71,9 @@ class TransactionalProducer:
         self.in_transaction = False
         self._producer = Producer({**conf, "error_cb": self._on_error, "logger": _LIBRDKAFKA_LOG})
         self._native = native_produce.attach(self._producer, self.transactional_id)
+        # The Arrow arrays that records queued by produce_arrow point into, and their size.
+        self._held: list[Any] = []
+        self._held_bytes = 0
         self._call(lambda t: self._producer.init_transactions(t), "init_transactions", timeout)
 
     def _on_error(self, error: Any) -> None:
@@ -196,12 +204,20 @@ class TransactionalProducer:
         """Queue records given as Arrow arrays (value, optional key).
 
         Only when :attr:`takes_arrow`.  Waits while the local queue is full;
-        any other refusal raises like :meth:`produce_one`.
+        any other refusal raises like :meth:`produce_one`.  librdkafka's
+        records point into the arrays' buffers (nothing is copied), so the
+        producer keeps the arrays until their records are delivered: the
+        commit or abort of the transaction, or a wait for delivery once it
+        holds :data:`HOLD_LIMIT_BYTES`.
         """
         from confluent_kafka import KafkaError
 
         if self._native is None:
             raise RuntimeError("produce_arrow without the native path: check takes_arrow")
+        if self._held_bytes >= HOLD_LIMIT_BYTES:
+            self._settle()
+        self._held.append((value, key))
+        self._held_bytes += value.nbytes + (key.nbytes if key is not None else 0)
         done = 0
         while done < len(value):
             queued, code = self._native.produce(topic, value, key, start=done)
@@ -211,10 +227,29 @@ class TransactionalProducer:
             elif code:
                 self._raise(KafkaError(code), "produce")
 
+    def _settle(self) -> None:
+        """Wait until every queued record is delivered, then let go of their Arrow data."""
+        remaining = self._producer.flush(CALL_TIMEOUT_S)
+        if self._fatal is not None:
+            self._raise(self._fatal, "produce")
+        if remaining:
+            raise SinkRetryable(
+                f"{remaining} records of transactional id {self.transactional_id!r} were not "
+                f"delivered within {CALL_TIMEOUT_S:.0f} s"
+            )
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Release the Arrow data of delivered records (all of them: nothing is queued)."""
+        if len(self._producer) == 0:
+            self._held.clear()
+            self._held_bytes = 0
+
     def commit(self, timeout: float = CALL_TIMEOUT_S) -> None:
         """Commit the open transaction (flushes queued records first)."""
         self._call(lambda t: self._producer.commit_transaction(t), "commit_transaction", timeout)
         self.in_transaction = False
+        self._let_go()
 
     def abort(self, timeout: float = CALL_TIMEOUT_S) -> bool:
         """Abort the open transaction, if the producer can; return whether it did."""
@@ -226,7 +261,8 @@ class TransactionalProducer:
         if self._fatal is not None:
             return False  # a dead producer cannot abort; the next init_transactions will
         try:
-            self._producer.abort_transaction(timeout)
+            self._producer.abort_transaction(timeout)  # waits for the records in flight
+            self._let_go()
             return True
         except KafkaException as exc:
             log.warning("abort of %s failed: %s", self.transactional_id, _kafka_error(exc))
@@ -234,11 +270,28 @@ class TransactionalProducer:
             return False
 
     def close(self) -> None:
-        """Drop queued records and release the client (an open transaction is left to abort)."""
+        """Drop queued records and release the client (an open transaction is left to abort).
+
+        Records still queued or in flight may point into Arrow data given to
+        :meth:`produce_arrow`: the client goes first (destroying it joins
+        librdkafka's threads), the data after.
+        """
         from confluent_kafka import KafkaException
 
+        if not hasattr(self, "_producer"):
+            return  # closed already
         try:
             self._producer.purge()
             self._producer.flush(0)
         except KafkaException:
             pass
+        self._native = None
+        del self._producer  # the last reference: rd_kafka_destroy() runs here
+        self._held.clear()
+        self._held_bytes = 0
+
+    def __del__(self) -> None:
+        """Close a producer nobody closed, in :meth:`close`'s order (client, then data)."""
+        if getattr(self, "_held", None):
+            with contextlib.suppress(Exception):  # at interpreter exit, imports may fail
+                self.close()

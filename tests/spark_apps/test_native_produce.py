@@ -4,11 +4,13 @@ Records queued from Arrow columns through librdkafka's batch call must reach
 ``read_committed`` readers exactly as ``produce()`` would have written them:
 same keys, values (null and empty kept apart), partitions, order; a full
 local queue waits instead of dropping; a refused record fails the
-transaction and nothing of it becomes visible.
+transaction and nothing of it becomes visible.  librdkafka does not copy the
+records: the producer keeps their Arrow data until they are delivered.
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any
 
@@ -16,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 from devenv.kafka import KafkaBroker
-from eop_spark import native_produce
+from eop_spark import native_produce, transactions
 from eop_spark.client_config import producer_config
 from eop_spark.errors import EopError
 from eop_spark.sink_contract import OutputLayout, produce_arrow_batch, produce_columns
@@ -139,3 +141,46 @@ def test_a_refused_record_fails_the_transaction_and_shows_nothing(
     assert producer.abort()
     producer.close()
     assert _records(kafka_broker, topic) == []
+
+
+def _random_values(rows: int, size: int) -> pa.Array:
+    return pa.array([os.urandom(size) for _ in range(rows)], pa.binary())
+
+
+def test_queued_records_keep_their_data_after_the_caller_drops_it(
+    kafka_broker: KafkaBroker, kafka_topic_factory: TopicFactory
+) -> None:
+    topic = kafka_topic_factory(1)
+    # A long linger: the records wait in librdkafka's queue while their arrays are dropped.
+    producer = _producer(kafka_broker, **{"linger.ms": 2_000})
+    producer.begin()
+    expected: list[bytes] = []
+    for _ in range(4):
+        values = _random_values(2_000, 1_024)
+        expected += values.to_pylist()
+        producer.produce_arrow(topic, values)
+        del values
+    # New arrays of the same sizes: they take the memory of freed ones, if any was freed.
+    scribbles = [_random_values(2_000, 1_024) for _ in range(8)]
+    producer.commit()
+    producer.close()
+    assert scribbles and [v for _, _, v in _records(kafka_broker, topic)] == expected
+
+
+def test_past_the_hold_limit_the_producer_waits_for_delivery_and_lets_go(
+    kafka_broker: KafkaBroker, kafka_topic_factory: TopicFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topic = kafka_topic_factory(2)
+    batch = _random_values(1_000, 1_024)
+    monkeypatch.setattr(transactions, "HOLD_LIMIT_BYTES", 2 * batch.nbytes)
+    producer = _producer(kafka_broker, **{"linger.ms": 2_000})
+    producer.begin()
+    held = []
+    for _ in range(7):
+        producer.produce_arrow(topic, batch)
+        held.append(len(producer._held))
+    producer.commit()
+    assert len(producer._held) == 0  # delivered: nothing kept after the commit
+    producer.close()
+    assert held == [1, 2, 1, 2, 1, 2, 1]  # never more than the limit (plus the newest)
+    assert len(_records(kafka_broker, topic)) == 7_000
