@@ -23,7 +23,10 @@ same way for every contender (the targets are read from these).  A third table g
 each contender's median round, to show how much a single lucky round moves the best-of
 figures.  For each contender's best round the benchmark also
 prints the CPU it took: the broker's, and that of this process with the Spark JVM
-and its Python workers.
+and its Python workers.  And each contender's median round's CPU without the two
+JVMs' JIT compiler threads: what a copy costs once its code is compiled (each round
+is a new query, and the compilers took 15-30 % of a round's CPU, more in one
+round than the next), so the ratio of rates a machine with no CPU to spare gives.
 Then the recovery time: a runner on a continuously fed topic is SIGKILLed (runner,
 JVM and Python workers) and restarted at once; the time from the kill to the first batch
 the new runner commits.  Runners map the JVM class archive as they do in the
@@ -138,10 +141,33 @@ def run_config(
     )
 
 
-def cpu_seconds(*roots: int) -> list[float]:
+#: The JVMs' JIT compiler threads, by the names /proc gives them (cut to 15 characters).
+COMPILER_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
+
+
+def _thread_seconds(pid: int, names: tuple[str, ...], tick: int) -> float:
+    """User + system CPU seconds of the threads of ``pid`` called one of ``names``."""
+    total = 0.0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return total
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+        if name in names:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def cpu_seconds(*roots: int, threads: tuple[str, ...] = ()) -> list[float]:
     """User + system CPU seconds of each root process with its live descendants (one /proc scan).
 
     A root below another root counts for itself only (the broker is a child of this process).
+    With ``threads``, only the threads of those names count.
     """
     children: dict[int, list[int]] = {}
     times: dict[int, float] = {}
@@ -160,7 +186,7 @@ def cpu_seconds(*roots: int) -> list[float]:
         total, stack = 0.0, [root]
         while stack:
             pid = stack.pop()
-            total += times.get(pid, 0.0)
+            total += _thread_seconds(pid, threads, tick) if threads else times.get(pid, 0.0)
             stack.extend(c for c in children.get(pid, []) if c not in roots)
         totals.append(total)
     return totals
@@ -423,6 +449,7 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
             figures: dict[str, float] = {}
             cpu: dict[str, tuple[float, float]] = {}
             walls: dict[str, list[float]] = {mode: [] for mode in MODES}
+            work_cpu: dict[str, list[float]] = {mode: [] for mode in MODES}
             # One unmeasured copy of this size each: the warm-up above is of 100-byte
             # records, and without it every contender's 1 KiB rounds got faster one after
             # the other (Spark's sink 10.5 s in its first round, 6.9 s in its last).
@@ -432,9 +459,12 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
                 for mode in MODES[round_ % 3 :] + MODES[: round_ % 3]:
                     name = f"{mode}-{size}-{round_}"
                     broker_before, spark_before = cpu_seconds(*cpu_roots)
+                    jit_before = sum(cpu_seconds(*cpu_roots, threads=COMPILER_THREADS))
                     timing = copy_topic(spark, broker, work, name, source, records, mode)
                     broker_after, spark_after = cpu_seconds(*cpu_roots)
+                    jit = sum(cpu_seconds(*cpu_roots, threads=COMPILER_THREADS)) - jit_before
                     broker_cpu, spark_cpu = broker_after - broker_before, spark_after - spark_before
+                    work_cpu[mode].append(broker_cpu + spark_cpu - jit)
                     wall, sustained = timing.rate(records), timing.rate(records, sustained=True)
                     if wall > figures.get(mode, 0.0):
                         cpu[mode] = (broker_cpu, spark_cpu)
@@ -453,6 +483,7 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
             broker.create_topic(f"perf-{size}", PARTITIONS)
             figures["ceiling"] = producer_perf(broker, f"perf-{size}", records, size)
             figures |= {f"{mode}/m": statistics.median(walls[mode]) for mode in MODES}
+            figures |= {f"{mode}/cpu": statistics.median(work_cpu[mode]) for mode in MODES}
             print(f"  {size:>5} B ProducerPerf {figures['ceiling']:>18,.0f} rec/s", flush=True)
             rows.append((size, figures, cpu))
         spark.stop()
@@ -482,6 +513,19 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
         for size, _, spent in rows:
             cells = [f"{spent[m][0]:5.1f} + {spent[m][1]:5.1f}" for m in MODES]
             print(f"{size:>5} B records  {cells[0]:>15} {cells[1]:>16} {cells[2]:>16}")
+
+        print(
+            "\nCPU seconds per copy without the JIT compilers' threads (median round; broker, "
+            "JVM and Python workers):\nwhat a copy costs once its code is compiled, and the "
+            "ratio of rates a machine with no CPU to spare would give\n"
+            "                   (a) spark sink  (b) partitioned  (c) coordinated          a/b   a/c"
+        )
+        for size, f, _ in rows:
+            a, b, c = (f[f"{m}/cpu"] for m in MODES)
+            print(
+                f"{size:>5} B records  {a:>15.1f} {b:>16.1f} {c:>16.1f}"
+                f"          {a / b:4.2f}  {a / c:4.2f}"
+            )
 
         if args.recovery_samples:
             recovery = measure_recovery(broker, work, args.recovery_samples)
