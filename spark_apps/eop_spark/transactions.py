@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 #: How long one blocking transaction API call may retry retriable errors.
 CALL_TIMEOUT_S = 60.0
 #: How much Arrow data queued records may point into before :meth:`TransactionalProducer.
-#: produce_arrow` waits for them to be delivered and lets go of it.  With librdkafka's copies
-#: (before), up to ``queue.buffering.max.messages`` records were kept, 500 MB of 1 KiB ones.
+#: produce_arrow` waits for them to be delivered and lets go of it.  Copies in librdkafka
+#: would be bounded by ``queue.buffering.max.messages`` (500,000: 500 MB of 1 KiB records).
 HOLD_LIMIT_BYTES = 128 * 1024 * 1024
 
 T = TypeVar("T")
