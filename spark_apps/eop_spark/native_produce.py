@@ -12,8 +12,8 @@ numpy operations.  librdkafka does not copy the bytes (no
 ``RD_KAFKA_MSG_F_COPY``): its records point into the Arrow buffers until they
 are delivered, and the caller keeps the arrays alive until then
 (:meth:`eop_spark.transactions.TransactionalProducer.produce_arrow`).  The
-copy cost a quarter of the producer hub's CPU at 1 KiB records (a ``memcpy``
-and a heap block of the record's size for each record).
+copy (a ``memcpy`` and a heap block of the record's size for each record) was
+a quarter of the Python workers' and the hub's CPU at 1 KiB records.
 
 This talks to the very librdkafka instance confluent-kafka loaded (the shared
 library its wheel ships), on the producer confluent-kafka created: the

@@ -89,8 +89,8 @@ def driver_batches(df: DataFrame) -> Iterator[pa.RecordBatch]:
     receives a few large values per partition and queues them with
     :func:`~eop_spark.sink_contract.produce_arrow_batch`.  Memory stays what
     ``toLocalIterator(prefetchPartitions=True)`` needs, about two partitions,
-    plus the batches whose records are not delivered yet (the producer keeps at
-    most :data:`~eop_spark.transactions.HOLD_LIMIT_BYTES` of them).
+    plus the batches the producer keeps until their records are delivered
+    (about :data:`~eop_spark.transactions.HOLD_LIMIT_BYTES` at most).
     """
     import pyarrow as pa
 
