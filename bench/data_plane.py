@@ -40,6 +40,7 @@ eop_spark.class_archive).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -145,50 +146,54 @@ def run_config(
 COMPILER_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
 
 
-def _thread_seconds(pid: int, names: tuple[str, ...], tick: int) -> float:
-    """User + system CPU seconds of the threads of ``pid`` called one of ``names``."""
-    total = 0.0
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return total
-    for tid in tids:
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue
-        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rsplit(")", 1)[1].split()
-        if name in names:
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+def _stat(path: str) -> tuple[str, list[str]]:
+    """The name and the fields after it of a /proc ``stat`` file."""
+    text = Path(path).read_text()
+    return text[text.index("(") + 1 : text.rindex(")")], text.rsplit(")", 1)[1].split()
 
 
-def cpu_seconds(*roots: int, threads: tuple[str, ...] = ()) -> list[float]:
-    """User + system CPU seconds of each root process with its live descendants (one /proc scan).
+def cpu_seconds(*roots: int) -> list[tuple[float, float]]:
+    """CPU seconds of each root process with its live descendants (one /proc scan).
 
-    A root below another root counts for itself only (the broker is a child of this process).
-    With ``threads``, only the threads of those names count.
+    For each root: user + system seconds of all its processes, and of their
+    :data:`COMPILER_THREADS`.  A root below another root counts for itself
+    only (the broker is a child of this process).
     """
     children: dict[int, list[int]] = {}
     times: dict[int, float] = {}
     tick = os.sysconf("SC_CLK_TCK")
+
+    def seconds(fields: list[str]) -> float:
+        return (int(fields[11]) + int(fields[12])) / tick
+
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = _stat(f"/proc/{entry}/stat")[1]
         except OSError:
             continue
         children.setdefault(int(fields[1]), []).append(int(entry))
-        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+        times[int(entry)] = seconds(fields)
+
+    def compilers(pid: int) -> float:
+        total = 0.0
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    name, fields = _stat(f"/proc/{pid}/task/{tid}/stat")
+                    total += seconds(fields) if name in COMPILER_THREADS else 0.0
+        return total
+
     totals = []
     for root in roots:
-        total, stack = 0.0, [root]
+        total, jit, stack = 0.0, 0.0, [root]
         while stack:
             pid = stack.pop()
-            total += _thread_seconds(pid, threads, tick) if threads else times.get(pid, 0.0)
+            total += times.get(pid, 0.0)
+            jit += compilers(pid)
             stack.extend(c for c in children.get(pid, []) if c not in roots)
-        totals.append(total)
+        totals.append((total, jit))
     return totals
 
 
@@ -458,12 +463,13 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
             for round_ in range(args.rounds):
                 for mode in MODES[round_ % 3 :] + MODES[: round_ % 3]:
                     name = f"{mode}-{size}-{round_}"
-                    broker_before, spark_before = cpu_seconds(*cpu_roots)
-                    jit_before = sum(cpu_seconds(*cpu_roots, threads=COMPILER_THREADS))
+                    before = cpu_seconds(*cpu_roots)
                     timing = copy_topic(spark, broker, work, name, source, records, mode)
-                    broker_after, spark_after = cpu_seconds(*cpu_roots)
-                    jit = sum(cpu_seconds(*cpu_roots, threads=COMPILER_THREADS)) - jit_before
-                    broker_cpu, spark_cpu = broker_after - broker_before, spark_after - spark_before
+                    after = cpu_seconds(*cpu_roots)
+                    (broker_cpu, broker_jit), (spark_cpu, spark_jit) = (
+                        (a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before, strict=True)
+                    )
+                    jit = broker_jit + spark_jit
                     work_cpu[mode].append(broker_cpu + spark_cpu - jit)
                     wall, sustained = timing.rate(records), timing.rate(records, sustained=True)
                     if wall > figures.get(mode, 0.0):
