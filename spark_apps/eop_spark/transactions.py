@@ -33,6 +33,9 @@ CALL_TIMEOUT_S = 60.0
 #: produce_arrow` waits for them to be delivered and lets go of it.  Copies in librdkafka
 #: would be bounded by ``queue.buffering.max.messages`` (500,000: 500 MB of 1 KiB records).
 HOLD_LIMIT_BYTES = 128 * 1024 * 1024
+#: How long :meth:`TransactionalProducer.produce_arrow` waits for a topic's partition count
+#: (once per transaction); without it librdkafka's partitioner places the records.
+METADATA_TIMEOUT_S = 10.0
 
 T = TypeVar("T")
 
@@ -71,6 +74,10 @@ class TransactionalProducer:
         self.in_transaction = False
         self._producer = Producer({**conf, "error_cb": self._on_error, "logger": _LIBRDKAFKA_LOG})
         self._native = native_produce.attach(self._producer, self.transactional_id)
+        # With a partitioner produce_arrow can compute, it places records itself and
+        # enqueues them a partition at a time (see native_produce); topic -> partitions.
+        self._partitioner = str(conf.get("partitioner", ""))
+        self._partition_counts: dict[str, int | None] = {}
         # The Arrow arrays that records queued by produce_arrow point into, and their size.
         self._held: list[Any] = []
         self._held_bytes = 0
@@ -128,6 +135,7 @@ class TransactionalProducer:
 
         if self._fatal is not None:
             self._raise(self._fatal, "begin_transaction")
+        self._partition_counts.clear()  # a topic may have gained partitions since
         try:
             self._producer.begin_transaction()
         except KafkaException as exc:
@@ -203,7 +211,10 @@ class TransactionalProducer:
     def produce_arrow(self, topic: str, value: Any, key: Any = None) -> None:
         """Queue records given as Arrow arrays (value, optional key).
 
-        Only when :attr:`takes_arrow`.  Waits while the local queue is full;
+        Only when :attr:`takes_arrow`.  With a Java-compatible partitioner
+        (``murmur2_random``, the default, or ``murmur2``) the records are
+        placed here, as librdkafka would, and queued a partition at a time.
+        Waits while the local queue is full;
         any other refusal raises like :meth:`produce_one`.  librdkafka's
         records point into the arrays' buffers (nothing is copied), so the
         producer keeps the arrays until their records are delivered: the
@@ -218,14 +229,35 @@ class TransactionalProducer:
             self._settle()
         self._held.append((value, key))
         self._held_bytes += value.nbytes + (key.nbytes if key is not None else 0)
+        placed = None
+        count = self._partition_count(topic)
+        if count:
+            placed = native_produce.partitions(key, len(value), count, self._partitioner)
         done = 0
         while done < len(value):
-            queued, code = self._native.produce(topic, value, key, start=done)
+            queued, code = self._native.produce(topic, value, key, done, placed)
             done += queued
             if code == native_produce.ERR_QUEUE_FULL:
                 self._wait_for_room()
             elif code:
                 self._raise(KafkaError(code), "produce")
+
+    def _partition_count(self, topic: str) -> int | None:
+        """``topic``'s partitions (asked once per transaction), or None: let librdkafka place."""
+        from confluent_kafka import KafkaException
+
+        if self._partitioner not in native_produce.JAVA_COMPATIBLE_PARTITIONERS:
+            return None
+        if topic not in self._partition_counts:
+            count = None
+            with contextlib.suppress(KafkaException):
+                metadata = self._producer.list_topics(topic, timeout=METADATA_TIMEOUT_S)
+                found = metadata.topics.get(topic)
+                if found is not None and found.error is None and found.partitions:
+                    count = len(found.partitions)
+            # A missing topic or no metadata: produce() reports it, as without the count.
+            self._partition_counts[topic] = count
+        return self._partition_counts[topic]
 
     def _settle(self) -> None:
         """Wait until every queued record is delivered, then let go of their Arrow data."""

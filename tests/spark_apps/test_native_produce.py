@@ -184,3 +184,27 @@ def test_past_the_hold_limit_the_producer_waits_for_delivery_and_lets_go(
     producer.close()
     assert held == [1, 2, 1, 2, 1, 2, 1]  # never more than the limit (plus the newest)
     assert len(_records(kafka_broker, topic)) == 7_000
+
+
+def test_partitions_are_where_librdkafkas_murmur2_puts_them() -> None:
+    """Keys of every length 0-40 (and a sliced array): the partition librdkafka computes."""
+    import ctypes
+    import random
+
+    lib = native_produce.librdkafka()
+    assert lib is not None
+    murmur2 = lib.lib.rd_kafka_msg_partitioner_murmur2
+    murmur2.restype = ctypes.c_int32
+    murmur2.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int32]
+    murmur2.argtypes += [ctypes.c_void_p, ctypes.c_void_p]
+    rng = random.Random(7)
+    keys = [rng.randbytes(rng.randint(0, 40)) for _ in range(5_000)]
+    array = pa.array([b"pad", *keys], pa.binary()).slice(1)
+    for count in (1, 4, 7, 100):
+        expected = [murmur2(None, k, len(k), count, None, None) for k in keys]
+        assert native_produce.partitions(array, len(keys), count, "murmur2").tolist() == expected
+    # Without a key: murmur2 hashes an empty key; murmur2_random picks one partition.
+    unkeyed = native_produce.partitions(None, 50, 7, "murmur2_random")
+    assert len(set(unkeyed.tolist())) == 1
+    empty = murmur2(None, b"", 0, 7, None, None)
+    assert set(native_produce.partitions(None, 50, 7, "murmur2").tolist()) == {empty}
