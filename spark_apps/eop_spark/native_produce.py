@@ -177,17 +177,20 @@ class NativeProducer:
 
         if len(value) - start <= 0:
             return 0, 0
-        messages = np.zeros(len(value), _message_dtype())
-        messages["payload"], messages["len"] = _pointers(value)
-        if key is not None:
-            messages["key"], messages["key_len"] = _pointers(key)
+        fields = {"payload": _pointers(value)} | (
+            {"key": _pointers(key)} if key is not None else {}
+        )
         runs = [(_PARTITION_UA, 0, len(value))]
         if partitions is not None:
             order = np.argsort(partitions, kind="stable")  # keeps each partition's row order
-            messages, placed = messages[order], partitions[order]
+            placed = partitions[order]
+            fields = {name: (at[order], size[order]) for name, (at, size) in fields.items()}
             edges = np.flatnonzero(np.diff(placed)) + 1
             bounds = [0, *edges.tolist(), len(value)]
             runs = [(int(placed[a]), a, b) for a, b in itertools.pairwise(bounds)]
+        messages = np.zeros(len(value), _message_dtype())
+        for name, (at, size) in fields.items():
+            messages[name], messages["len" if name == "payload" else "key_len"] = at, size
         lib = self.lib.lib
         rkt = lib.rd_kafka_topic_new(self.rk, topic.encode(), None)
         if not rkt:
@@ -301,6 +304,8 @@ def murmur2(array: pa.Array) -> np.ndarray[Any, Any]:
     if array.null_count:
         lengths[array.is_null().to_numpy(zero_copy_only=False)] = 0
     raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+    # Every 4 bytes from every offset as a little-endian word (an unaligned, overlapping view).
+    words = np.ndarray((max(len(raw) - 3, 0),), dtype="<u4", buffer=raw, strides=(1,))
     m = np.uint32(_MURMUR2_M)
 
     def byte(at: np.ndarray[Any, Any], shift: int) -> np.ndarray[Any, Any]:
@@ -313,12 +318,16 @@ def murmur2(array: pa.Array) -> np.ndarray[Any, Any]:
         rows = rows[lengths[rows] >= 4 * (block + 1)]
         if rows.size == 0:
             break
-        at = starts[rows] + 4 * block
-        k = byte(at, 0) | byte(at + 1, 8) | byte(at + 2, 16) | byte(at + 3, 24)
+        every = rows.size == len(lengths)  # all keys this long: no gather of h
+        k = words[(starts if every else starts[rows]) + 4 * block].astype(np.uint32)
         k *= m
         k ^= k >> np.uint32(24)
         k *= m
-        h[rows] = (h[rows] * m) ^ k
+        if every:
+            h *= m
+            h ^= k
+        else:
+            h[rows] = (h[rows] * m) ^ k
         block += 1
     left = lengths % 4
     tail = starts + lengths - left
