@@ -51,6 +51,7 @@ import functools
 import itertools
 import logging
 import os
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -365,7 +366,9 @@ def partitions(
         key = pa.nulls(rows, pa.binary())
     placed = ((murmur2(key) & np.uint32(0x7FFFFFFF)) % np.uint32(count)).astype(np.int32)
     if partitioner == "murmur2_random" and key.null_count:
-        placed[key.is_null().to_numpy(zero_copy_only=False)] = np.random.randint(count)
+        # Python's generator is reseeded in forked children (numpy's is not): Spark's
+        # workers, forked from one daemon, would otherwise all pick the same partitions.
+        placed[key.is_null().to_numpy(zero_copy_only=False)] = random.randrange(count)
     return placed
 
 
