@@ -129,6 +129,25 @@ def test_a_full_local_queue_waits_and_keeps_the_order(
     assert [v for _, _, v in _records(kafka_broker, topic)] == values.to_pylist()
 
 
+def test_a_full_queue_resumes_placed_records_partition_by_partition(
+    kafka_broker: KafkaBroker, kafka_topic_factory: TopicFactory
+) -> None:
+    """Keyed records over 3 partitions through a 500-record queue: each partition in order."""
+    topic = kafka_topic_factory(3)
+    producer = _producer(kafka_broker, **{"queue.buffering.max.messages": 500})
+    keys = pa.array([b"%06d" % i for i in range(20_000)])
+    producer.begin()
+    producer.produce_arrow(topic, keys, keys)
+    producer.commit()
+    producer.close()
+    records = _records(kafka_broker, topic)
+    assert sorted(v for _, _, v in records) == keys.to_pylist()  # each record once
+    placed = native_produce.partitions(keys, len(keys), 3, "murmur2_random")
+    for partition in range(3):
+        expected = [k for k, p in zip(keys.to_pylist(), placed, strict=True) if p == partition]
+        assert [v for p, _, v in records if p == partition] == expected
+
+
 def test_a_refused_record_fails_the_transaction_and_shows_nothing(
     kafka_broker: KafkaBroker, kafka_topic_factory: TopicFactory
 ) -> None:
