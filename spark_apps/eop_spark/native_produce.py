@@ -241,8 +241,9 @@ def _message_dtype() -> np.dtype[Any]:
 
     return np.dtype(
         {
-            # `void *_private` is a field too: NULL (no per-record state), and a copy of the
-            # array (a reordering) copies fields only, which would leave it undefined.
+            # `void *_private` (no per-record state: NULL) is a named field too: numpy's copies
+            # of a structured array (take, fancy indexing) copy named fields only, and would
+            # leave it undefined, which confluent-kafka's delivery callback reads as an object.
             "names": [
                 *("err", "rkt", "partition", "payload", "len", "key", "key_len", "offset"),
                 "private",
