@@ -363,6 +363,8 @@ def partitions(
 
     if partitioner not in JAVA_COMPATIBLE_PARTITIONERS:
         raise ValueError(f"partitioner {partitioner!r} is not {JAVA_COMPATIBLE_PARTITIONERS}")
+    if key is None and partitioner == "murmur2_random":
+        return np.full(rows, random.randrange(count), np.int32)  # no key to hash
     if key is None:
         key = pa.nulls(rows, pa.binary())
     placed = ((murmur2(key) & np.uint32(0x7FFFFFFF)) % np.uint32(count)).astype(np.int32)

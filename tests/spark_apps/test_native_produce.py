@@ -116,17 +116,25 @@ def test_records_with_headers_or_a_partition_column_go_through_produce(
     assert placed == {b"a": 2, b"b": 0, b"c": 2}
 
 
+def _through_a_small_queue(
+    broker: KafkaBroker, topic: str, values: pa.Array, keys: pa.Array | None
+) -> list[Record]:
+    """Produce ``values`` (and ``keys``) in one transaction through a 500-record queue."""
+    producer = _producer(broker, **{"queue.buffering.max.messages": 500})
+    producer.begin()
+    producer.produce_arrow(topic, values, keys)
+    producer.commit()
+    producer.close()
+    return _records(broker, topic)
+
+
 def test_a_full_local_queue_waits_and_keeps_the_order(
     kafka_broker: KafkaBroker, kafka_topic_factory: TopicFactory
 ) -> None:
     topic = kafka_topic_factory(1)
-    producer = _producer(kafka_broker, **{"queue.buffering.max.messages": 500})
     values = pa.array([b"%06d" % i for i in range(20_000)])
-    producer.begin()
-    producer.produce_arrow(topic, values)
-    producer.commit()
-    producer.close()
-    assert [v for _, _, v in _records(kafka_broker, topic)] == values.to_pylist()
+    records = _through_a_small_queue(kafka_broker, topic, values, None)
+    assert [v for _, _, v in records] == values.to_pylist()
 
 
 def test_a_full_queue_resumes_placed_records_partition_by_partition(
@@ -134,13 +142,8 @@ def test_a_full_queue_resumes_placed_records_partition_by_partition(
 ) -> None:
     """Keyed records over 3 partitions through a 500-record queue: each partition in order."""
     topic = kafka_topic_factory(3)
-    producer = _producer(kafka_broker, **{"queue.buffering.max.messages": 500})
     keys = pa.array([b"%06d" % i for i in range(20_000)])
-    producer.begin()
-    producer.produce_arrow(topic, keys, keys)
-    producer.commit()
-    producer.close()
-    records = _records(kafka_broker, topic)
+    records = _through_a_small_queue(kafka_broker, topic, keys, keys)
     assert sorted(v for _, _, v in records) == keys.to_pylist()  # each record once
     placed = native_produce.partitions(keys, len(keys), 3, "murmur2_random")
     for partition in range(3):
