@@ -6,9 +6,15 @@ on 4 partitions), read with ``read_committed`` and written to a fresh topic by:
   (a) Spark's built-in Kafka sink (at-least-once),
   (b) eop, partitioned commit mode,
   (c) eop, coordinated commit mode,
-  (d) the broker's ProducerPerformance tool: the ceiling for writing N records.
+  (d) the broker's ProducerPerformance tool: the ceiling for writing N records,
+  (e) eop's produce path without exactly-once: the same rows handed to Python
+      workers (``mapInArrow``, no ``foreachBatch``) and queued on librdkafka as
+      partitioned mode does (:mod:`eop_spark.native_produce`), by a plain
+      idempotent producer per task: no transactions, no progress group, no
+      producer hub.  b/e is what exactly-once itself costs; e/a what moving the
+      records through Python and librdkafka instead of the JVM's producer costs.
 
-(a)-(c) run in one SparkSession (each first copies N 100-byte records twice, in 40
+(a)-(c) and (e) run in one SparkSession (each first copies N 100-byte records twice, in 40
 batches each, and then each size's input once, unmeasured, so the JIT of Spark's JVM
 and of the broker has compiled what the measured rounds run), availableNow, N/4
 offsets per batch, the same producer batching (eop's defaults: linger.ms,
@@ -49,6 +55,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,8 +78,8 @@ from eop_spark.session import build_session  # noqa: E402
 from tests.spark_apps.harness import Pipeline, end_offsets, read_committed  # noqa: E402
 
 PARTITIONS = 4
-#: The contenders run through Spark: (a), (b), (c).
-MODES = ("builtin", "partitioned", "coordinated")
+#: The contenders run through Spark: (a), (b), (c), (e).
+MODES = ("builtin", "partitioned", "coordinated", "plain")
 # The batching eop's producers use by default, given to every contender.
 PRODUCER_TUNING = {
     key: str(value)
@@ -255,6 +262,70 @@ def timed_builtin(spark: Any, config: RunConfig) -> Timing:
     return Timing(time.monotonic() - started, batch_seconds(query))
 
 
+def _produce_plainly(bootstrap_servers: str, topic: str) -> Any:
+    """Contender (e)'s task function: queue a task's rows as partitioned mode does, no more."""
+
+    def produce(batches: Iterator[Any]) -> Iterator[Any]:
+        import confluent_kafka  # imported here: the worker unpickles this function
+
+        from eop_spark import native_produce
+
+        conf = producer_config({"bootstrap.servers": bootstrap_servers}, "-", "60s")
+        for transactional in ("transactional.id", "transaction.timeout.ms"):
+            del conf[transactional]
+        producer = confluent_kafka.Producer(conf)
+        native = native_produce.attach(producer, None)
+        if native is None:
+            raise RuntimeError("librdkafka's produce_batch is not usable here")
+        held = []  # librdkafka's records point into the batches until they are delivered
+        for batch in batches:
+            held.append(batch)
+            key, value = batch.column("key"), batch.column("value")
+            placed = native_produce.partitions(key, len(value), PARTITIONS, "murmur2_random")
+            done = 0
+            while done < len(value):
+                queued, code = native.produce(topic, value, key, done, placed)
+                done += queued
+                if code == native_produce.ERR_QUEUE_FULL:
+                    producer.poll(0.05)
+                elif code:
+                    raise RuntimeError(f"librdkafka refused a record: error {code}")
+        if producer.flush(120):
+            raise RuntimeError("records left undelivered")
+        yield from ()
+
+    return produce
+
+
+def timed_plain(spark: Any, config: RunConfig) -> Timing:
+    """How long eop's produce path takes to copy the topic without transactions."""
+    from pyspark import cloudpickle
+
+    module = sys.modules[__name__]
+    if module.__name__ != "__main__":  # Python workers cannot import the benchmark
+        cloudpickle.register_pickle_by_value(module)
+    options = spark_source_options(config) | {"startingOffsets": "earliest"}
+    produce = _produce_plainly(config.sink.kafka.bootstrap_servers, config.sink.kafka.topic)
+    query = (
+        spark.readStream.format("kafka")
+        .options(**options)
+        .load()
+        .select("key", "value")
+        .mapInArrow(produce, "done long")
+        .writeStream.format("noop")
+        .option("checkpointLocation", config.checkpoint_location)
+        .trigger(availableNow=True)
+    )
+    started = time.monotonic()
+    running = query.start()
+    running.awaitTermination()
+    return Timing(time.monotonic() - started, batch_seconds(running))
+
+
+#: How each contender copies a topic (eop's commit modes: :func:`timed_eop`).
+TIMED = {"builtin": timed_builtin, "plain": timed_plain}
+
+
 def producer_perf(broker: KafkaBroker, topic: str, records: int, size: int) -> float:
     """Records/s of Kafka's ProducerPerformance tool writing the same volume."""
     props = [
@@ -382,9 +453,9 @@ def copy_topic(
     """Copy ``source`` to a new topic ``out-<name>`` with contender ``mode``; its timing."""
     sink = f"out-{name}"
     broker.create_topic(sink, PARTITIONS)
-    commit_mode = "auto" if mode == "builtin" else mode
+    commit_mode = "auto" if mode in TIMED else mode
     config = run_config(broker, work, name, source, sink, records, commit_mode, batches=batches)
-    return (timed_builtin if mode == "builtin" else timed_eop)(spark, config)
+    return TIMED.get(mode, timed_eop)(spark, config)
 
 
 def run_benchmark(args: argparse.Namespace, work: Path) -> int:
@@ -461,7 +532,8 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
             for mode in MODES:
                 copy_topic(spark, broker, work, f"warm-{mode}-{size}", source, records, mode)
             for round_ in range(args.rounds):
-                for mode in MODES[round_ % 3 :] + MODES[: round_ % 3]:
+                turn = round_ % len(MODES)
+                for mode in MODES[turn:] + MODES[:turn]:
                     name = f"{mode}-{size}-{round_}"
                     before = cpu_seconds(*cpu_roots)
                     timing = copy_topic(spark, broker, work, name, source, records, mode)
@@ -502,35 +574,40 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
             print(
                 f"\n{title}\n"
                 "                   (a) spark sink  (b) partitioned  (c) coordinated  "
-                "(d) producer perf   b/a   c/a   b/d"
+                "(d) producer perf  (e) no transactions   b/a   c/a   b/d   e/a   b/e"
             )
             for size, f, _ in rows:
-                a, b, c = (f[f"{m}{suffix}"] for m in MODES)
+                a, b, c, e = (f[f"{m}{suffix}"] for m in MODES)
                 d = f["ceiling"]
                 print(
                     f"{size:>5} B records  {a:>15,.0f} {b:>16,.0f} {c:>16,.0f} {d:>18,.0f}"
-                    f"  {b / a:4.2f}  {c / a:4.2f}  {b / d:4.2f}"
+                    f" {e:>20,.0f}  {b / a:4.2f}  {c / a:4.2f}  {b / d:4.2f}"
+                    f"  {e / a:4.2f}  {b / e:4.2f}"
                 )
 
         print(
             "\nCPU seconds of each contender's best round (broker + Spark driver, JVM and "
             "Python workers)\n                   (a) spark sink  (b) partitioned  (c) coordinated"
+            "  (e) no transactions"
         )
         for size, _, spent in rows:
             cells = [f"{spent[m][0]:5.1f} + {spent[m][1]:5.1f}" for m in MODES]
-            print(f"{size:>5} B records  {cells[0]:>15} {cells[1]:>16} {cells[2]:>16}")
+            print(
+                f"{size:>5} B records  {cells[0]:>15} {cells[1]:>16} {cells[2]:>16} {cells[3]:>20}"
+            )
 
         print(
             "\nCPU seconds per copy without the JIT compilers' threads (median round; broker, "
             "JVM and Python workers):\nwhat a copy costs once its code is compiled, and the "
             "ratio of rates a machine with no CPU to spare would give\n"
-            "                   (a) spark sink  (b) partitioned  (c) coordinated          a/b   a/c"
+            "                   (a) spark sink  (b) partitioned  (c) coordinated"
+            "  (e) no transactions   a/b   a/c   a/e   e/b"
         )
         for size, f, _ in rows:
-            a, b, c = (f[f"{m}/cpu"] for m in MODES)
+            a, b, c, e = (f[f"{m}/cpu"] for m in MODES)
             print(
-                f"{size:>5} B records  {a:>15.1f} {b:>16.1f} {c:>16.1f}"
-                f"          {a / b:4.2f}  {a / c:4.2f}"
+                f"{size:>5} B records  {a:>15.1f} {b:>16.1f} {c:>16.1f} {e:>20.1f}"
+                f"  {a / b:4.2f}  {a / c:4.2f}  {a / e:4.2f}  {e / b:4.2f}"
             )
 
         if args.recovery_samples:

@@ -215,8 +215,12 @@ class NativeProducer:
         return len(value) - start, 0
 
 
-def attach(producer: Any, transactional_id: str) -> NativeProducer | None:
-    """The fast path for a confluent-kafka ``Producer``, or ``None`` if it cannot be used."""
+def attach(producer: Any, transactional_id: str | None) -> NativeProducer | None:
+    """The fast path for a confluent-kafka ``Producer``, or ``None`` if it cannot be used.
+
+    ``transactional_id`` is the producer's (None for one without transactions):
+    the handle must have been made with it.
+    """
     from confluent_kafka import Producer
 
     lib = librdkafka()
