@@ -22,7 +22,7 @@ batch.size).  Two figures each: N divided by the query's wall time (start-up
 included: eop plans the query and takes its transactional ids over before Spark
 starts it), and N divided by the time of the batches themselves (the sum of Spark's
 ``triggerExecution`` over the batches that read rows: the rate a running
-pipeline sustains; the same measure for every contender).  Each of (a)-(c)
+pipeline sustains; the same measure for every contender).  Each of (a)-(c), (e)
 runs ``--rounds`` times, in a rotating order, and keeps its best round: on a
 shared machine that filters out the moments another process took the CPU, the
 same way for every contender (the targets are read from these).  A third table gives
