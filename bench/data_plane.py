@@ -256,6 +256,11 @@ def timed_builtin(spark: Any, config: RunConfig) -> Timing:
     )
     for key, value in PRODUCER_TUNING.items():
         writer = writer.option(f"kafka.{key}", value)
+    return _timed(writer)
+
+
+def _timed(writer: Any) -> Timing:
+    """Start a stream writer's query, wait for it to end (availableNow); its timing."""
     started = time.monotonic()
     query = writer.start()
     query.awaitTermination()
@@ -306,7 +311,7 @@ def timed_plain(spark: Any, config: RunConfig) -> Timing:
         cloudpickle.register_pickle_by_value(module)
     options = spark_source_options(config) | {"startingOffsets": "earliest"}
     produce = _produce_plainly(config.sink.kafka.bootstrap_servers, config.sink.kafka.topic)
-    query = (
+    return _timed(
         spark.readStream.format("kafka")
         .options(**options)
         .load()
@@ -316,10 +321,6 @@ def timed_plain(spark: Any, config: RunConfig) -> Timing:
         .option("checkpointLocation", config.checkpoint_location)
         .trigger(availableNow=True)
     )
-    started = time.monotonic()
-    running = query.start()
-    running.awaitTermination()
-    return Timing(time.monotonic() - started, batch_seconds(running))
 
 
 #: How each contender copies a topic (eop's commit modes: :func:`timed_eop`).
