@@ -35,9 +35,10 @@ is a new query, and the compilers took 15-30 % of a round's CPU, more in one
 round than the next), so the ratio of rates a machine with no CPU to spare gives.
 Then the recovery time: a runner on a continuously fed topic is SIGKILLed (runner,
 JVM and Python workers) and restarted at once; the time from the kill to the first batch
-the new runner commits.  Runners map the JVM class archive as they do in the
-dev environment and the image (built first if missing, see
-eop_spark.class_archive).
+the new runner commits.  Every copy is deleted once counted, so the page cache
+holds the input and a copy or two, not the whole run.  Runners map the JVM class
+archive as they do in the dev environment and the image (built first if missing,
+see eop_spark.class_archive).
 
     .venv/bin/python bench/data_plane.py                  # 1,000,000 records, ~15 min on 2 cores
     .venv/bin/python bench/data_plane.py --records 100000 # quick look
@@ -428,16 +429,29 @@ def warm_up_records(records: int) -> int:
     return max(20_000, records)
 
 
-def disk_needed(records: int, sizes: list[int], rounds: int) -> int:
-    """Bytes the broker's log takes for a run: every topic is kept until the end.
+#: The broker removes a deleted topic's files at once (Kafka waits a minute by default).
+BROKER_OVERRIDES = {"log.segment.delete.delay.ms": "0"}
 
-    Per record size: the input, one output per contender and round and one of its
-    warm-up copy, ProducerPerf's topic; each record with its key and batch overhead
-    (~40 bytes).  Plus the warm-up topic and its copies.
+
+def disk_needed(records: int, sizes: list[int]) -> int:
+    """Bytes the broker's log takes at most: every copy is deleted once it is counted.
+
+    At a time: the input and two copies of it (one being written, the one before
+    it perhaps still being removed), each record with its key and batch overhead
+    (~40 bytes), of the largest size.
     """
-    topics = 1 + len(MODES) * (rounds + 1) + 1
-    warm = warm_up_records(records) * (100 + 40) * (1 + len(MODES) * WARM_UP_COPIES)
-    return warm + sum(records * (size + 40) * topics for size in sizes)
+    return records * (max(sizes) + 40) * 3
+
+
+def drop(broker: KafkaBroker, topic: str) -> None:
+    """Delete a topic the benchmark is done with.
+
+    A million-record copy at 1 KiB writes a gigabyte; kept until the end, the
+    run's ~30 GB filled the page cache in the 1 KiB rounds, and the kernel's
+    writeback and reclaim took the CPU from whichever contender ran then.
+    A deleted topic's dirty pages are dropped, never written.
+    """
+    broker.delete_topic(topic)
 
 
 def copy_topic(
@@ -464,13 +478,13 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
     records = args.records
     sizes = [int(s) for s in args.sizes.split(",")]
     work.mkdir(parents=True, exist_ok=True)
-    needed, free = disk_needed(records, sizes, args.rounds), shutil.disk_usage(work).free
+    needed, free = disk_needed(records, sizes), shutil.disk_usage(work).free
     if needed > free:
         # A full disk takes the broker's log directory offline: queries fail after minutes.
         print(
             f"the broker's topics need ~{needed / 1e9:.1f} GB in {work} but only "
             f"{free / 1e9:.1f} GB are free: free some space, or use --work on another disk "
-            "or fewer --records/--rounds",
+            "or fewer --records",
             file=sys.stderr,
         )
         return 2
@@ -480,7 +494,7 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
         flush=True,
     )
 
-    with KafkaBroker(work / "kafka", heap="2g") as broker:
+    with KafkaBroker(work / "kafka", heap="2g", overrides=BROKER_OVERRIDES) as broker:
         jars = spark_kafka_jars()
         ensure_archive()
         seed = run_config(broker, work, "session", "x", "y", records, "auto")
@@ -516,6 +530,8 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
                 copy_topic(
                     spark, broker, work, name, "warm-in", warm, mode, batches=WARM_UP_BATCHES
                 )
+                drop(broker, f"out-{name}")
+        drop(broker, "warm-in")
 
         rows = []
         for size in sizes:
@@ -532,6 +548,7 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
             # the other (Spark's sink 10.5 s in its first round, 6.9 s in its last).
             for mode in MODES:
                 copy_topic(spark, broker, work, f"warm-{mode}-{size}", source, records, mode)
+                drop(broker, f"out-warm-{mode}-{size}")
             for round_ in range(args.rounds):
                 turn = round_ % len(MODES)
                 for mode in MODES[turn:] + MODES[:turn]:
@@ -551,6 +568,7 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
                     figures[f"{mode}/s"] = max(figures.get(f"{mode}/s", 0.0), sustained)
                     walls[mode].append(wall)
                     written = copy_count(broker, f"out-{name}")
+                    drop(broker, f"out-{name}")
                     print(
                         f"  {size:>5} B {mode:<12} round {round_} {timing.wall_s:7.1f} s "
                         f"{wall:>10,.0f} rec/s; batches {timing.batches_s:5.1f} s "
@@ -561,6 +579,8 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
                     )
             broker.create_topic(f"perf-{size}", PARTITIONS)
             figures["ceiling"] = producer_perf(broker, f"perf-{size}", records, size)
+            drop(broker, f"perf-{size}")
+            drop(broker, source)
             figures |= {f"{mode}/m": statistics.median(walls[mode]) for mode in MODES}
             figures |= {f"{mode}/cpu": statistics.median(work_cpu[mode]) for mode in MODES}
             print(f"  {size:>5} B ProducerPerf {figures['ceiling']:>18,.0f} rec/s", flush=True)

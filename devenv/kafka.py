@@ -577,6 +577,23 @@ class KafkaBroker:
                 raise KafkaBrokerError(f"topic {name!r} has no leaders after {timeout}s")
             time.sleep(0.1)
 
+    def delete_topic(self, name: str, *, timeout: float = 30.0) -> None:
+        """Delete a topic; the broker removes its log segments in the background.
+
+        Raises :class:`KafkaBrokerError` if the topic does not exist or the deletion fails.
+        """
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient(self.client_config({"log_level": 3}))
+        futures = admin.delete_topics([name], operation_timeout=timeout, request_timeout=timeout)
+        try:
+            futures[name].result(timeout)
+        except KafkaException as exc:
+            raise KafkaBrokerError(f"deleting topic {name!r} failed: {exc.args[0]}") from exc
+        except concurrent.futures.TimeoutError as exc:
+            raise KafkaBrokerError(f"deleting topic {name!r} timed out after {timeout}s") from exc
+
     def run_tool(
         self,
         main_class: str,

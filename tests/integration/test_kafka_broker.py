@@ -23,7 +23,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-from devenv.kafka import CONSUMER_GROUPS_TOOL, KafkaBroker
+from devenv.kafka import CONSUMER_GROUPS_TOOL, KafkaBroker, KafkaBrokerError
 from tests.plugins.kafka import TopicFactory
 
 pytestmark = pytest.mark.kafka
@@ -116,6 +116,19 @@ def test_missing_topic_is_an_error(kafka_broker: KafkaBroker) -> None:
     assert error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
     # ... and asking did not create it (auto.create.topics.enable=false).
     assert name not in admin.list_topics(timeout=TIMEOUT).topics
+
+
+def test_deleted_topic_is_gone_and_deleting_it_again_is_an_error(
+    kafka_broker: KafkaBroker,
+) -> None:
+    name = f"to-delete-{uuid.uuid4().hex[:8]}"
+    kafka_broker.create_topic(name, 2)
+    admin = AdminClient(kafka_broker.client_config({"log_level": 3}))
+    assert name in admin.list_topics(timeout=TIMEOUT).topics
+    kafka_broker.delete_topic(name)
+    assert name not in admin.list_topics(timeout=TIMEOUT).topics
+    with pytest.raises(KafkaBrokerError, match=f"deleting topic '{name}' failed"):
+        kafka_broker.delete_topic(name)
 
 
 @pytest.fixture
