@@ -42,7 +42,7 @@ from eop_spark.batch_log import BatchResult, BatchStatus
 from eop_spark.errors import PipelineFailed, ProducerFenced
 from eop_spark.offsets import Offsets, TopicPartition, batch_marker, marker_batch
 from eop_spark.offsets_log import OffsetsLog
-from eop_spark.producer_hub import commit_via_hub
+from eop_spark.producer_hub import commit_via_hub, worth_the_hop
 from eop_spark.progress import ProgressGroup
 from eop_spark.sink_contract import (
     PROVENANCE_COLUMNS,
@@ -317,7 +317,9 @@ def write_partition(
     if tp not in task.end_offsets:
         raise PipelineFailed(f"rows of {tp} are not in this batch's offsets {task.end_offsets}")
     rows = chain([first], batches)
-    outcome = commit_via_hub(task, tp, rows)  # the executor's producer hub, if it has one
+    outcome = None
+    if worth_the_hop(first):
+        outcome = commit_via_hub(task, tp, rows)  # the executor's producer hub, if it has one
     if outcome is None:
         outcome = commit_partition(task, tp, rows)
     yield pa.RecordBatch.from_pylist([outcome.__dict__])

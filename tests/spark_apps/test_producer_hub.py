@@ -166,6 +166,14 @@ def test_a_newer_task_for_the_same_id_cuts_the_older_one_off(hub: Any) -> None:
     old.close()
 
 
+def test_tasks_of_big_records_skip_the_hub_and_small_ones_take_it() -> None:
+    """10,000 records of 100 bytes go through the hub; of 1 KiB, their worker produces."""
+    small = pa.RecordBatch.from_pydict({"value": [b"x" * 100] * 10_000})
+    big = pa.RecordBatch.from_pydict({"value": [b"x" * 1024] * 10_000})
+    assert producer_hub.worth_the_hop(small)
+    assert not producer_hub.worth_the_hop(big)
+
+
 def test_without_a_reachable_hub_the_worker_commits_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

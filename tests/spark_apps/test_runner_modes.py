@@ -81,6 +81,33 @@ def test_partitioned_keeps_its_producers_from_batch_to_batch(
     )
 
 
+def test_partitioned_copies_big_records_from_the_workers_whole_and_once(
+    make_pipeline: PipelineFactory,
+) -> None:
+    """Tasks whose first Arrow batch is big produce in their own worker, not the hub.
+
+    Each task here reads 600 records of 8 KiB (~5 MB in its first batch), so
+    its worker commits with its own producer, taking the id over from the
+    hub's or another worker's: every record still arrives once, byte for byte.
+    """
+    pipeline = make_pipeline()
+    produce(
+        pipeline.broker,
+        pipeline.source_topic,
+        ((f"k{i}", f"{i:08d}" * 1024, i % 4) for i in range(4800)),
+    )
+    runner = run_to_the_end(
+        pipeline,
+        "SELECT key, value FROM source",
+        source={"topics": [pipeline.source_topic], "maxOffsetsPerTrigger": 2400},
+    )
+
+    output = sorted((k.decode(), v) for k, v in pipeline.output() if k is not None and v)
+    assert output == sorted((f"k{i}", (f"{i:08d}" * 1024).encode()) for i in range(4800))
+    assert pipeline.progress() == pipeline.end_offsets()
+    assert [b["rows_in"] for b in runner.batches() if b["rows_in"]] == [2400, 2400]
+
+
 def test_partitioned_reads_several_topics_and_keeps_them_apart(
     make_pipeline: PipelineFactory, kafka_topic_factory: TopicFactory
 ) -> None:
