@@ -35,6 +35,14 @@ bytes.  So a task whose first Arrow batch holds :data:`HOP_MAX_BYTES` or more
 (10,000 records of ~400 bytes with Spark's Arrow batches) produces in its own
 worker (:func:`worth_the_hop`); at 100 bytes the two ways ran even.
 
+Such a worker takes the id over from the hub or from another worker, which
+finds its producer fenced at its next use.  That is Spark's scheduling, not
+another runner: each process of the executor that builds a producer notes
+its pid under the id in the hub's directory (:func:`note_holder`), and a
+fencing counts only when no other process of this executor took the id over
+since (:func:`handed_over_here`), so ``eop_producers_fenced_total`` still
+tells a zombie runner apart.
+
 The hub exits with the daemon (``PR_SET_PDEATHSIG``), and so with the
 executor.  A hub killed outright leaves its directory behind; the next one
 to start removes those nobody listens on (:func:`sweep`).
@@ -45,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import logging
 import os
 import pickle
@@ -80,6 +89,7 @@ _PR_SET_PDEATHSIG = 1
 _MAX_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 _DIR_PREFIX = "eop-hub-"
 _SOCKET = "hub.sock"
+_HOLDERS = "holders"
 #: A dead hub's directory younger than this may be a starting hub's: it stays.
 STALE_AFTER_S = 60.0
 #: A task whose first Arrow batch holds this many bytes or more skips the hub.
@@ -99,6 +109,45 @@ def worth_the_hop(first: pa.RecordBatch) -> bool:
     transactional id over (see the module's docstring).
     """
     return bool(first.nbytes < HOP_MAX_BYTES)
+
+
+def _holder_file(transactional_id: str) -> str | None:
+    """Where this executor notes who holds ``transactional_id``; None without a hub."""
+    path = os.environ.get(SOCKET_ENV)
+    if not path:
+        return None
+    name = hashlib.sha256(transactional_id.encode()).hexdigest()[:32]
+    return os.path.join(os.path.dirname(path), _HOLDERS, name)
+
+
+def note_holder(transactional_id: str) -> None:
+    """Note that this process now holds ``transactional_id`` (its producer was just built)."""
+    path = _holder_file(transactional_id)
+    if path is None:
+        return
+    with contextlib.suppress(OSError):  # only a metric depends on it
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        temporary = f"{path}.{os.getpid()}"
+        with open(temporary, "w") as out:
+            out.write(str(os.getpid()))
+        os.replace(temporary, path)
+
+
+def handed_over_here(transactional_id: str) -> bool:
+    """Whether another process of this executor took ``transactional_id`` over from this one.
+
+    True when the hub or another Python worker built a producer for the id
+    after this process did: the fencing this process just met is Spark's
+    scheduling.  False otherwise, e.g. when another runner took it over.
+    """
+    path = _holder_file(transactional_id)
+    if path is None:
+        return False
+    try:
+        with open(path) as held:
+            return held.read() != str(os.getpid())
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------------------- messages

@@ -42,7 +42,7 @@ from eop_spark.batch_log import BatchResult, BatchStatus
 from eop_spark.errors import PipelineFailed, ProducerFenced
 from eop_spark.offsets import Offsets, TopicPartition, batch_marker, marker_batch
 from eop_spark.offsets_log import OffsetsLog
-from eop_spark.producer_hub import commit_via_hub, worth_the_hop
+from eop_spark.producer_hub import commit_via_hub, handed_over_here, note_holder, worth_the_hop
 from eop_spark.progress import ProgressGroup
 from eop_spark.sink_contract import (
     PROVENANCE_COLUMNS,
@@ -190,6 +190,7 @@ def _producer(sink: SinkSettings, tp: TopicPartition, fresh: bool) -> Transactio
         cached = None
     if cached is None:
         cached = _producers[key] = TransactionalProducer(conf)
+        note_holder(key[0])
     return cached
 
 
@@ -222,7 +223,8 @@ def commit_partition(
             # Offsets first: a producer fenced since its last use fails right here.
             producer.send_offsets({tp: until}, sink.group_metadata, task.marker)
         except ProducerFenced:
-            fenced += 1
+            if not handed_over_here(sink.transactional_id(tp)):
+                fenced += 1  # not the executor's hub or another of its workers: another runner
             continue
         except BaseException:
             producer.abort()

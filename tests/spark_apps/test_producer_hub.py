@@ -174,6 +174,30 @@ def test_tasks_of_big_records_skip_the_hub_and_small_ones_take_it() -> None:
     assert not producer_hub.worth_the_hop(big)
 
 
+def test_a_fencing_by_another_process_of_the_executor_is_told_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Who last built a producer for an id tells Spark's scheduling from another runner."""
+    monkeypatch.setenv(producer_hub.SOCKET_ENV, str(tmp_path / "hub.sock"))
+    tid = "eop.ns.p.out.0"
+    producer_hub.note_holder(tid)
+    assert not producer_hub.handed_over_here(tid)  # still ours: a fencing is another runner
+    # Another process of the executor (the hub, another worker) builds a producer for it.
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from eop_spark import producer_hub; producer_hub.note_holder({tid!r})",
+        ],
+        check=True,
+        env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert producer_hub.handed_over_here(tid)
+    assert not producer_hub.handed_over_here("eop.ns.p.out.1")  # nobody noted that one
+    monkeypatch.delenv(producer_hub.SOCKET_ENV)
+    assert not producer_hub.handed_over_here(tid)  # no hub, no notes: every fencing counts
+
+
 def test_without_a_reachable_hub_the_worker_commits_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

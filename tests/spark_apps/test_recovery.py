@@ -190,6 +190,7 @@ def test_two_runners_at_once_still_write_exactly_once(
     config = config_for(pipeline, mode, 3000)
     roots = [str(pipeline.work / "checkpoints"), str(pipeline.work / "checkpoints-zombie")]
     slots = [pipeline.start(config | {"checkpointRoot": root}) for root in roots]
+    started = list(slots)
     feeder = threading.Thread(target=_feed, args=(pipeline, keys), daemon=True)
     feeder.start()
     until = time.monotonic() + 60
@@ -197,10 +198,14 @@ def test_two_runners_at_once_still_write_exactly_once(
         for i, runner in enumerate(slots):
             if not runner.alive:
                 slots[i] = pipeline.start(config | {"checkpointRoot": roots[i]})
+                started.append(slots[i])
         time.sleep(1)
     feeder.join()
     for runner in slots:
         runner.kill()
+    if mode == "partitioned":
+        # The other runner's takeovers show in the batch log (and the fenced counter).
+        assert sum(b["fenced"] for r in started for b in r.batches()) > 0
 
     generation = 1 if mode == "coordinated" else None
     finish(pipeline, config | {"checkpointRoot": roots[0]}, generation=generation)

@@ -86,26 +86,32 @@ def test_partitioned_copies_big_records_from_the_workers_whole_and_once(
 ) -> None:
     """Tasks whose first Arrow batch is big produce in their own worker, not the hub.
 
-    Each task here reads 600 records of 8 KiB (~5 MB in its first batch), so
+    Each task here reads 270 records of 16 KiB (~4.4 MB in its first batch), so
     its worker commits with its own producer, taking the id over from the
-    hub's or another worker's: every record still arrives once, byte for byte.
+    hub's or another worker's: every record still arrives once, byte for byte,
+    and those takeovers within the executor do not count as fencings (over six
+    batches a partition's task comes back to a worker whose producer another
+    worker fenced in between).
     """
     pipeline = make_pipeline()
+    records = 6 * 4 * 270
     produce(
         pipeline.broker,
         pipeline.source_topic,
-        ((f"k{i}", f"{i:08d}" * 1024, i % 4) for i in range(4800)),
+        ((f"k{i}", f"{i:08d}" * 2048, i % 4) for i in range(records)),
     )
     runner = run_to_the_end(
         pipeline,
         "SELECT key, value FROM source",
-        source={"topics": [pipeline.source_topic], "maxOffsetsPerTrigger": 2400},
+        source={"topics": [pipeline.source_topic], "maxOffsetsPerTrigger": 4 * 270},
     )
 
     output = sorted((k.decode(), v) for k, v in pipeline.output() if k is not None and v)
-    assert output == sorted((f"k{i}", (f"{i:08d}" * 1024).encode()) for i in range(4800))
+    assert output == sorted((f"k{i}", (f"{i:08d}" * 2048).encode()) for i in range(records))
     assert pipeline.progress() == pipeline.end_offsets()
-    assert [b["rows_in"] for b in runner.batches() if b["rows_in"]] == [2400, 2400]
+    batches = [b for b in runner.batches() if b["rows_in"]]
+    assert [b["rows_in"] for b in batches] == [4 * 270] * 6
+    assert [b["fenced"] for b in batches] == [0] * 6
 
 
 def test_partitioned_reads_several_topics_and_keeps_them_apart(
