@@ -28,8 +28,8 @@ the old attempt still streams) shuts the older task's connection down, which
 aborts its transaction, before it starts.
 
 The hop costs a copy of every byte through the socket, and the hub reading
-it: ~0.5 core-s per million 1 KiB records (side by side, 4 rounds each, the
-workers' producers copied them 7-8 % faster).  A producer that changes hands
+it: ~0.5 core-s per million 1 KiB records (side by side, 4-5 rounds each,
+the workers' producers copied them 3-8 % faster in two runs).  A producer that changes hands
 costs a new client and an ``init_transactions`` per task, whatever its
 bytes.  So a task whose first Arrow batch holds :data:`HOP_MAX_BYTES` or more
 (10,000 records of ~400 bytes with Spark's Arrow batches) produces in its own
@@ -410,6 +410,7 @@ def start(directory: str | None = None) -> str | None:
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:
+        os.environ[SOCKET_ENV] = path  # as in the workers: where the executor notes holders
         try:
             _hub_main(listener, parent)
         finally:

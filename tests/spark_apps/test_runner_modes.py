@@ -86,31 +86,36 @@ def test_partitioned_copies_big_records_from_the_workers_whole_and_once(
 ) -> None:
     """Tasks whose first Arrow batch is big produce in their own worker, not the hub.
 
-    Each task here reads 270 records of 16 KiB (~4.4 MB in its first batch), so
-    its worker commits with its own producer, taking the id over from the
-    hub's or another worker's: every record still arrives once, byte for byte,
-    and those takeovers within the executor do not count as fencings (over six
-    batches a partition's task comes back to a worker whose producer another
-    worker fenced in between).
+    Every other batch here brings each task 270 records of 16 KiB (~4.4 MB in
+    its first Arrow batch), so its worker commits with its own producer; the
+    batches between bring 100-byte records, which go through the hub.  So a
+    partition's id changes hands between the hub and the workers every batch:
+    every record still arrives once, byte for byte, and those takeovers within
+    the executor do not count as fencings.
     """
     pipeline = make_pipeline()
-    records = 6 * 4 * 270
+    per_batch = 4 * 270
+
+    def value(i: int) -> str:
+        return f"{i:08d}" * (2048 if i // per_batch % 2 == 0 else 12)
+
+    records = 6 * per_batch
     produce(
         pipeline.broker,
         pipeline.source_topic,
-        ((f"k{i}", f"{i:08d}" * 2048, i % 4) for i in range(records)),
+        ((f"k{i}", value(i), i % 4) for i in range(records)),
     )
     runner = run_to_the_end(
         pipeline,
         "SELECT key, value FROM source",
-        source={"topics": [pipeline.source_topic], "maxOffsetsPerTrigger": 4 * 270},
+        source={"topics": [pipeline.source_topic], "maxOffsetsPerTrigger": per_batch},
     )
 
     output = sorted((k.decode(), v) for k, v in pipeline.output() if k is not None and v)
-    assert output == sorted((f"k{i}", (f"{i:08d}" * 2048).encode()) for i in range(records))
+    assert output == sorted((f"k{i}", value(i).encode()) for i in range(records))
     assert pipeline.progress() == pipeline.end_offsets()
     batches = [b for b in runner.batches() if b["rows_in"]]
-    assert [b["rows_in"] for b in batches] == [4 * 270] * 6
+    assert [b["rows_in"] for b in batches] == [per_batch] * 6
     assert [b["fenced"] for b in batches] == [0] * 6
 
 
