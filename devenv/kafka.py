@@ -551,14 +551,8 @@ class KafkaBroker:
             operation_timeout=timeout,
             request_timeout=timeout,
         )
-        try:
-            futures[name].result(timeout)
-        except KafkaException as exc:
-            err = exc.args[0]
-            if not (exist_ok and err.code() == ClientError.TOPIC_ALREADY_EXISTS):
-                raise KafkaBrokerError(f"creating topic {name!r} failed: {err}") from exc
-        except concurrent.futures.TimeoutError as exc:
-            raise KafkaBrokerError(f"creating topic {name!r} timed out after {timeout}s") from exc
+        tolerated = ClientError.TOPIC_ALREADY_EXISTS if exist_ok else None
+        _await_admin(futures[name], f"creating topic {name!r}", timeout, tolerated)
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -582,17 +576,11 @@ class KafkaBroker:
 
         Raises :class:`KafkaBrokerError` if the topic does not exist or the deletion fails.
         """
-        from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient(self.client_config({"log_level": 3}))
         futures = admin.delete_topics([name], operation_timeout=timeout, request_timeout=timeout)
-        try:
-            futures[name].result(timeout)
-        except KafkaException as exc:
-            raise KafkaBrokerError(f"deleting topic {name!r} failed: {exc.args[0]}") from exc
-        except concurrent.futures.TimeoutError as exc:
-            raise KafkaBrokerError(f"deleting topic {name!r} timed out after {timeout}s") from exc
+        _await_admin(futures[name], f"deleting topic {name!r}", timeout)
 
     def run_tool(
         self,
@@ -622,6 +610,22 @@ class KafkaBroker:
                 f"{proc.stdout}{proc.stderr}"
             )
         return proc
+
+
+def _await_admin(
+    future: concurrent.futures.Future[Any], what: str, timeout: float, tolerated: int | None = None
+) -> None:
+    """Wait for an admin request; raise KafkaBrokerError unless its error is ``tolerated``."""
+    from confluent_kafka import KafkaException
+
+    try:
+        future.result(timeout)
+    except KafkaException as exc:
+        err = exc.args[0]
+        if tolerated is None or err.code() != tolerated:
+            raise KafkaBrokerError(f"{what} failed: {err}") from exc
+    except concurrent.futures.TimeoutError as exc:
+        raise KafkaBrokerError(f"{what} timed out after {timeout}s") from exc
 
 
 def _up(argv: Sequence[str]) -> int:
