@@ -129,6 +129,16 @@ def sink_librdkafka_config(kafka: KafkaSink, secret: Mapping[str, str]) -> dict[
     return {"bootstrap.servers": kafka.bootstrap_servers, **kafka.options, **secret}
 
 
+#: Every librdkafka client of the runner connects to the brokers as soon as metadata
+#: names them. With sparse connections (librdkafka's default) a new client drops its
+#: bootstrap connection once the metadata arrives, and the request it had sent there
+#: waits for a reconnect timer: about one init_transactions in three waited 500 ms
+#: (taking 5 ids over: 530 ms -> 80 ms), and the first read of G or of topic metadata by a
+#: new client took 55-65 ms instead of 6-10 (measured on loopback). The clients talk to
+#: most brokers anyway, and few at a time exist.
+EAGER_CONNECTIONS: dict[str, bool] = {"enable.sparse.connections": False}
+
+
 def producer_config(
     client: Mapping[str, str], transactional_id: str, transaction_timeout: str
 ) -> dict[str, str | int | bool]:
@@ -144,11 +154,7 @@ def producer_config(
         # Nagle's algorithm each transaction waited tens of ms on them (measured ~60 ms of
         # ~200 ms per partition and batch). Latency only; nothing about what is committed.
         "socket.nagle.disable": True,
-        # Connect to the brokers as soon as metadata names them: with sparse connections,
-        # librdkafka 2.x drops the bootstrap connection and about one init_transactions in
-        # three then waited for a 500 ms retry timer (measured: taking 5 ids over 530 ms
-        # -> 80 ms). A producer writes to most brokers anyway.
-        "enable.sparse.connections": False,
+        **EAGER_CONNECTIONS,
         # Keyed records land where Java producers (and Spark's Kafka sink) put them.
         "partitioner": "murmur2_random",
         **client,

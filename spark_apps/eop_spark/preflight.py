@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from eop_spark.client_config import EAGER_CONNECTIONS
 from eop_spark.errors import EnvironmentNotReady
 from eop_spark.offsets import TopicPartition
 
@@ -22,7 +23,7 @@ def _metadata(client_config: Mapping[str, Any], role: str) -> Any:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({**client_config, "log_level": 0})
+    admin = AdminClient({**EAGER_CONNECTIONS, **client_config, "log_level": 0})
     servers = client_config["bootstrap.servers"]
     try:
         return admin.list_topics(timeout=METADATA_TIMEOUT_S)

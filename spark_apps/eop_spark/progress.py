@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from eop_spark.client_config import EAGER_CONNECTIONS
 from eop_spark.errors import PipelineFailed
 from eop_spark.offsets import Offsets, TopicPartition
 
@@ -28,6 +29,22 @@ class Progress:
 
     offsets: Offsets
     metadata: dict[TopicPartition, str]
+
+
+def consumer_config(group: str, client_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of the idle consumer that reads ``G`` (the sink client settings under it).
+
+    It connects eagerly (:data:`EAGER_CONNECTIONS`) unless the sink options
+    say otherwise: a runner reads G on its way to its first batch.
+    """
+    return {
+        **EAGER_CONNECTIONS,
+        **client_config,
+        "group.id": group,
+        "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+        "log_level": 0,
+    }
 
 
 class ProgressGroup:
@@ -44,15 +61,7 @@ class ProgressGroup:
         from confluent_kafka import Consumer
 
         self.group = group
-        self._consumer = Consumer(
-            {
-                **client_config,
-                "group.id": group,
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "log_level": 0,
-            }
-        )
+        self._consumer = Consumer(consumer_config(group, client_config))
 
     def committed(
         self, partitions: Iterable[TopicPartition], timeout: float = DEFAULT_TIMEOUT_S

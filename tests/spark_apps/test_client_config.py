@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from eop_spark.client_config import (
+    EAGER_CONNECTIONS,
     SOURCE_FETCH_MAX_WAIT_MS,
     SOURCE_MAX_POLL_RECORDS,
     librdkafka_compatible,
@@ -19,6 +20,7 @@ from eop_spark.client_config import (
 )
 from eop_spark.config import RunConfig
 from eop_spark.errors import ConfigError
+from eop_spark.progress import consumer_config
 
 
 def make_config(**overrides: Any) -> RunConfig:
@@ -137,6 +139,29 @@ def test_producer_config() -> None:
     assert conf["transaction.timeout.ms"] == 90_000
     assert conf["enable.idempotence"] is True
     assert conf["linger.ms"] == "1"  # the user's option wins over the runner's default
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda client: producer_config(client, "eop.p.t.0", "90s"),
+        lambda client: consumer_config("eop.ns.p", client),
+    ],
+    ids=["producer", "progress-group"],
+)
+def test_runner_clients_connect_eagerly_unless_the_sink_options_say_otherwise(build: Any) -> None:
+    # Sparse connections made a new client's first request wait ~50-500 ms on a reconnect timer.
+    assert EAGER_CONNECTIONS == {"enable.sparse.connections": False}
+    assert build({"bootstrap.servers": "h:2"})["enable.sparse.connections"] is False
+    chosen = build({"bootstrap.servers": "h:2", "enable.sparse.connections": "true"})
+    assert chosen["enable.sparse.connections"] == "true"
+
+
+def test_the_progress_group_reader_reads_stable_offsets_and_never_commits() -> None:
+    conf = consumer_config("eop.ns.p", {"bootstrap.servers": "h:2", "isolation.level": "x"})
+    assert conf["group.id"] == "eop.ns.p"
+    assert conf["isolation.level"] == "read_committed"
+    assert conf["enable.auto.commit"] is False
 
 
 def test_java_only_properties_are_dropped_for_librdkafka() -> None:
