@@ -19,6 +19,17 @@ blocks come from the heap and go back to it, and up to
 The cost is that memory: a worker's resident size does not drop below its
 peak until it is idle below the threshold again.  On a C library without
 ``mallopt`` (musl, macOS) it does nothing.
+
+Spark's JVM does the same with Arrow's buffers in partitioned mode: a task
+thread allocates the vectors of every Arrow batch it sends to a Python worker
+(16 MB for 10,000 records of 1 KiB, over the 4 MB chunks Arrow's allocator
+pools) and frees them after.  The JVM cannot call ``mallopt``, so the runner
+starts it with the same thresholds in :data:`TUNABLES_ENV`
+(:func:`glibc_tunables`, see :mod:`eop_spark.session`).  Measured on a
+partitioned copy of 1,000,000 1 KiB records: the JVM's minor page faults fell
+from 120,000-175,000 to 1,000-57,000, and in ``perf`` the kernel's page
+zeroing and fault handling, 13 % of all the machine's samples while the copy
+ran (``clear_page_erms`` alone 8 %), left the JVM's task threads.
 """
 
 from __future__ import annotations
@@ -37,6 +48,17 @@ _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 * 1024 * 1024
 #: Free heap kept mapped before glibc gives memory back.
 TRIM_THRESHOLD = 256 * 1024 * 1024
+
+
+#: The environment variable glibc reads its tunables from when a process starts.
+TUNABLES_ENV = "GLIBC_TUNABLES"
+
+
+def glibc_tunables() -> str:
+    """:data:`TUNABLES_ENV`'s value for a process to start with both thresholds raised."""
+    return (
+        f"glibc.malloc.mmap_threshold={MMAP_THRESHOLD}:glibc.malloc.trim_threshold={TRIM_THRESHOLD}"
+    )
 
 
 def keep_freed_memory() -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eop_spark import class_archive
+from eop_spark.allocator import TUNABLES_ENV, glibc_tunables
 from eop_spark.config import RunConfig
 from eop_spark.offsets_log import is_local
 
@@ -95,6 +96,8 @@ def session_conf(
         conf["spark.sql.streaming.checkpointFileManagerClass"] = FILE_SYSTEM_CHECKPOINTS
     if spark.on_kubernetes:
         conf |= {
+            # What the driver JVM gets from build_session (see eop_spark.allocator).
+            f"spark.executorEnv.{TUNABLES_ENV}": glibc_tunables(),
             "spark.executor.instances": str(spark.executor.instances),
             "spark.executor.cores": str(spark.executor.cores),
             "spark.executor.memory": spark.executor.memory,
@@ -185,8 +188,25 @@ def build_session(
     builder = SparkSession.builder
     for key, value in session_conf(config, jars, log4j2, java_options).items():
         builder = builder.config(key, value)
-    with _jvm_stderr_to_stdout():
+    with _jvm_stderr_to_stdout(), _jvm_environment({TUNABLES_ENV: glibc_tunables()}):
         return builder.getOrCreate()
+
+
+@contextlib.contextmanager
+def _jvm_environment(variables: dict[str, str]) -> Iterator[None]:
+    """Set ``variables`` (where unset) for the JVM that starts, and for it only.
+
+    The JVM's children (the Python workers' daemon) inherit them; this
+    process's environment is as it was afterwards.  A value already in the
+    environment (the user's) is kept.
+    """
+    added = {k: v for k, v in variables.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 @contextlib.contextmanager

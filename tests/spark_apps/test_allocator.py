@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from eop_spark.allocator import TUNABLES_ENV, glibc_tunables
 
 # Allocate a batch of 1 MiB blocks, write them, free them all; 30 times (the shape of
 # an Arrow batch read, or of librdkafka's messages and requests).  The batches run in a
@@ -37,9 +40,13 @@ PATTERN = textwrap.dedent(
 )
 
 
-def page_faults(mode: str) -> int:
+def page_faults(mode: str, env: dict[str, str] | None = None) -> int:
     out = subprocess.run(
-        [sys.executable, "-c", PATTERN, mode], capture_output=True, text=True, check=True
+        [sys.executable, "-c", PATTERN, mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **(env or {})},
     )
     return int(out.stdout.strip())
 
@@ -52,3 +59,10 @@ def test_freed_batches_are_reused_without_new_page_faults() -> None:
     assert plain > 10 * one_batch
     # Kept: the first batch faults its pages in, the other 29 reuse them.
     assert kept < 2 * one_batch
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's tunables")
+def test_a_process_started_with_the_tunables_reuses_freed_batches_too() -> None:
+    """How the runner starts Spark's JVM, which cannot call mallopt itself."""
+    one_batch = 20 * (1 << 20) // 4096
+    assert page_faults("plain", {TUNABLES_ENV: glibc_tunables()}) < 2 * one_batch

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from eop_spark.allocator import TUNABLES_ENV, glibc_tunables
 from eop_spark.class_archive import java_options
 from eop_spark.session import FILE_SYSTEM_CHECKPOINTS, SCRATCH_ENV, prepare_scratch, session_conf
 from tests.spark_apps.test_client_config import make_config
@@ -40,6 +41,15 @@ def test_user_conf_wins_and_java_options_are_appended() -> None:
     assert "spark.driver.bindAddress" not in conf
     assert conf["spark.driver.extraJavaOptions"].endswith("-Dx=1")
     assert "log4j2.configurationFile" in conf["spark.driver.extraJavaOptions"]
+
+
+def test_executor_jvms_keep_freed_memory_unless_the_user_says_otherwise() -> None:
+    kubernetes = {"master": "k8s://https://api:6443", "executor": {"instances": 2, "cores": 1}}
+    conf = session_conf(make_config(spark=kubernetes), [], Path("/tmp/l.properties"))
+    assert conf[f"spark.executorEnv.{TUNABLES_ENV}"] == glibc_tunables()
+    mine = {**kubernetes, "conf": {f"spark.executorEnv.{TUNABLES_ENV}": "glibc.x=1"}}
+    conf = session_conf(make_config(spark=mine), [], Path("/tmp/l.properties"))
+    assert conf[f"spark.executorEnv.{TUNABLES_ENV}"] == "glibc.x=1"
 
 
 def test_python_workers_fork_from_eops_daemon() -> None:

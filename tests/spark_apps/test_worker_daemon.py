@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,6 +97,22 @@ def test_namespace_packages_found_in_an_archive_leave_with_it(
     assert zip_importers == []
 
 
+def _config(checkpoints: Path) -> Any:
+    from eop_spark.config import RunConfig
+
+    return RunConfig.model_validate(
+        {
+            "pipeline": "test.worker-daemon",
+            "source": {"kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["in"]}},
+            "transform": {"sql": "SELECT key, value FROM source"},
+            "sink": {"kafka": {"bootstrapServers": "127.0.0.1:9", "topic": "out"}},
+            "transactionalIdPrefix": "test",
+            "progressGroup": "test",
+            "checkpointRoot": str(checkpoints),
+        }
+    )
+
+
 def _zip_importers(_: object) -> Iterator[list[str]]:
     import zipimport
 
@@ -107,25 +125,42 @@ def test_real_python_workers_keep_no_importer_of_sparks_archives(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each such importer costs every task a re-read of the archive (the spark-core jar)."""
-    from eop_spark.config import RunConfig
     from eop_spark.session import build_session
 
     for name in ("PYTHONPATH", "PYSPARK_PYTHON", "SPARK_LOCAL_IP", "SPARK_HOME"):
         monkeypatch.delenv(name, raising=False)  # restored after the test; the session sets them
-    config = RunConfig.model_validate(
-        {
-            "pipeline": "test.worker-daemon",
-            "source": {"kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["in"]}},
-            "transform": {"sql": "SELECT key, value FROM source"},
-            "sink": {"kafka": {"bootstrapServers": "127.0.0.1:9", "topic": "out"}},
-            "transactionalIdPrefix": "test",
-            "progressGroup": "test",
-            "checkpointRoot": str(tmp_path),
-        }
-    )
-    spark = build_session(config, [])
+    spark = build_session(_config(tmp_path), [])
     try:
         found = spark.sparkContext.parallelize(range(2), 2).mapPartitions(_zip_importers).collect()
     finally:
         spark.stop()
     assert found == [[], []]
+
+
+def _tunables(_: object) -> Iterator[str | None]:
+    import os
+
+    yield os.environ.get("GLIBC_TUNABLES")
+
+
+@pytest.mark.spark
+def test_the_spark_jvm_and_its_workers_start_with_the_allocator_tunables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The JVM keeps freed Arrow buffers (eop_spark.allocator); the runner's env stays as it was."""
+    from eop_spark.allocator import TUNABLES_ENV, glibc_tunables
+    from eop_spark.session import build_session
+
+    for name in ("PYTHONPATH", "PYSPARK_PYTHON", "SPARK_LOCAL_IP", "SPARK_HOME", TUNABLES_ENV):
+        monkeypatch.delenv(name, raising=False)
+    spark = build_session(_config(tmp_path), [])
+    try:
+        # The workers fork from a daemon the JVM started: they have the JVM's environment.
+        seen = spark.sparkContext.parallelize(range(1), 1).mapPartitions(_tunables).collect()
+        jvm = spark.sparkContext._jvm.System.getenv(TUNABLES_ENV)  # type: ignore[union-attr]
+    finally:
+        spark.stop()
+    assert seen == [glibc_tunables()]
+    # (Not /proc/<pid>/environ: glibc cuts the original string at the first ':' as it parses.)
+    assert jvm == glibc_tunables()
+    assert TUNABLES_ENV not in os.environ
