@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from eop_spark.client_config import source_client_config
+from eop_spark.client_config import EAGER_CONNECTIONS, source_client_config
 from eop_spark.config import RunConfig
 from eop_spark.errors import PipelineFailed
 from eop_spark.offsets import EARLIEST, LATEST, Offsets, TopicPartition, starting_offsets
@@ -33,7 +33,14 @@ def resolve_markers(offsets: Offsets, config: RunConfig) -> Offsets:
 
     if all(offset >= 0 for offset in offsets.values()):
         return dict(offsets)
-    consumer = Consumer({**source_client_config(config), "group.id": "eop-reset", "log_level": 0})
+    consumer = Consumer(
+        {
+            **EAGER_CONNECTIONS,
+            **source_client_config(config),
+            "group.id": "eop-reset",
+            "log_level": 0,
+        }
+    )
     try:
         resolved: Offsets = {}
         for (topic, partition), offset in offsets.items():
@@ -58,7 +65,13 @@ def commit_progress(
     from confluent_kafka import TopicPartition as KafkaTopicPartition
 
     consumer = Consumer(
-        {**sink_conf, "group.id": group, "enable.auto.commit": False, "log_level": 0}
+        {
+            **EAGER_CONNECTIONS,
+            **sink_conf,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "log_level": 0,
+        }
     )
     try:
         consumer.commit(
