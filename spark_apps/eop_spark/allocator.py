@@ -25,8 +25,8 @@ thread allocates the vectors of every Arrow batch it sends to a Python worker
 (16 MB for 10,000 records of 1 KiB, over the 4 MB chunks Arrow's allocator
 pools) and frees them after.  The JVM cannot call ``mallopt``, so the runner
 starts it with the same thresholds in :data:`TUNABLES_ENV`
-(:func:`glibc_tunables`, see :mod:`eop_spark.session`).  Measured on a
-partitioned copy of 1,000,000 1 KiB records: the JVM's minor page faults fell
+(:func:`glibc_tunables`, see :mod:`eop_spark.session`).  Measured on
+copies of 1,000,000 1 KiB records through Arrow: the JVM's minor page faults fell
 from 120,000-175,000 to 1,000-57,000, and in ``perf`` the kernel's page
 zeroing and fault handling, 13 % of all the machine's samples while the copy
 ran (``clear_page_erms`` alone 8 %), left the JVM's task threads.
