@@ -31,9 +31,10 @@ The hop costs a copy of every byte through the socket, and the hub reading
 it: ~0.5 core-s per million 1 KiB records (side by side, 4-5 rounds each,
 the workers' producers copied them 3-8 % faster in two runs).  A producer
 that changes hands costs a new client and an ``init_transactions`` per
-task, whatever its bytes.  So a task whose first Arrow batch holds :data:`HOP_MAX_BYTES` or more
-(10,000 records of ~400 bytes with Spark's Arrow batches) produces in its own
-worker (:func:`worth_the_hop`); at 100 bytes the two ways ran even.
+task, whatever its bytes.  So a task whose first Arrow batch holds
+:data:`HOP_MAX_BYTES` or more (10,000 records of ~400 bytes with Spark's
+Arrow batches) produces in its own worker (:func:`worth_the_hop`); at 100
+bytes the two ways ran even.
 
 Such a worker takes the id over from the hub or from another worker, which
 finds its producer fenced at its next use.  That is Spark's scheduling, not

@@ -6,11 +6,11 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from eop_spark import worker_daemon
+from tests.spark_apps.test_client_config import make_config
 
 
 def spark_home(root: Path) -> Path:
@@ -97,22 +97,6 @@ def test_namespace_packages_found_in_an_archive_leave_with_it(
     assert zip_importers == []
 
 
-def _config(checkpoints: Path) -> Any:
-    from eop_spark.config import RunConfig
-
-    return RunConfig.model_validate(
-        {
-            "pipeline": "test.worker-daemon",
-            "source": {"kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["in"]}},
-            "transform": {"sql": "SELECT key, value FROM source"},
-            "sink": {"kafka": {"bootstrapServers": "127.0.0.1:9", "topic": "out"}},
-            "transactionalIdPrefix": "test",
-            "progressGroup": "test",
-            "checkpointRoot": str(checkpoints),
-        }
-    )
-
-
 def _zip_importers(_: object) -> Iterator[list[str]]:
     import zipimport
 
@@ -129,7 +113,7 @@ def test_real_python_workers_keep_no_importer_of_sparks_archives(
 
     for name in ("PYTHONPATH", "PYSPARK_PYTHON", "SPARK_LOCAL_IP", "SPARK_HOME"):
         monkeypatch.delenv(name, raising=False)  # restored after the test; the session sets them
-    spark = build_session(_config(tmp_path), [])
+    spark = build_session(make_config(checkpointRoot=str(tmp_path)), [])
     try:
         found = spark.sparkContext.parallelize(range(2), 2).mapPartitions(_zip_importers).collect()
     finally:
@@ -153,7 +137,7 @@ def test_the_spark_jvm_and_its_workers_start_with_the_allocator_tunables(
 
     for name in ("PYTHONPATH", "PYSPARK_PYTHON", "SPARK_LOCAL_IP", "SPARK_HOME", TUNABLES_ENV):
         monkeypatch.delenv(name, raising=False)
-    spark = build_session(_config(tmp_path), [])
+    spark = build_session(make_config(checkpointRoot=str(tmp_path)), [])
     try:
         # The workers fork from a daemon the JVM started: they have the JVM's environment.
         seen = spark.sparkContext.parallelize(range(1), 1).mapPartitions(_tunables).collect()
