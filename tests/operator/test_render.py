@@ -103,6 +103,21 @@ def test_query_change_and_restart_nonce_change_the_pod_template(manifest: dict[s
     assert sts["spec"]["template"]["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == after_nonce
 
 
+def test_a_new_driver_pod_is_always_made_from_the_newest_template(
+    manifest: dict[str, Any],
+) -> None:
+    """The upgrade scales to zero, then applies the new template: the next pod must be new.
+
+    With no ``rollingUpdate`` the API server leaves it unset and the StatefulSet
+    controller makes pods below ``status.currentReplicas`` from the *old*
+    revision; that count lags a scale to zero, and a Pending pod of the old
+    spec then blocks the rollout (seen in CI).  A partition of 0 means every
+    pod is made from the update revision.
+    """
+    strategy = _objects(manifest)["StatefulSet"]["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}
+
+
 def test_suspend_does_not_change_the_pod_template(manifest: dict[str, Any]) -> None:
     before = _hash(manifest)
     manifest["spec"]["suspend"] = True

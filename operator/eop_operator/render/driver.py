@@ -257,7 +257,11 @@ def render_driver_statefulset(
             "replicas": 0 if pipeline.spec.suspend else 1,
             "serviceName": driver_name(pipeline),
             "podManagementPolicy": "OrderedReady",
-            "updateStrategy": {"type": "RollingUpdate"},
+            # partition 0 spelled out: with a bare RollingUpdate the controller makes a
+            # missing pod from the *old* revision while its status still counts the old
+            # pod (status.currentReplicas lags a scale-to-zero), and that Pending pod of
+            # the old spec then blocks the rollout.  With a partition, always the newest.
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
             "selector": {"matchLabels": selector_labels(pipeline)},
             "template": pod_template,
         },
