@@ -11,6 +11,8 @@ driver pods runs for each whole test and checks that no two exist at once.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -361,6 +363,60 @@ def pipeline(
     yield make
     for p in made:
         p.watch.close()
+
+
+def test_a_driver_pod_made_while_the_controller_lags_runs_the_new_spec(
+    pipeline: Callable[..., Pipeline], operator: OperatorProcess
+) -> None:
+    """An upgrade's new pod comes from the new template even if the controller lags behind.
+
+    The operator applies the new template once the old driver's pod is gone,
+    but the StatefulSet controller may still count that pod in its status
+    (its watch is a moment late).  Its pod must run the new spec all the
+    same; a pod of the old spec would also never get replaced while Pending.
+    Here the operator is stopped and the test takes its two steps itself,
+    with the controller paused in between so the lag is certain.
+    """
+    p = pipeline("lag")
+    p.running()
+    operator.stop()
+    sts = f"{p.name}-driver"
+    p.cp.kubectl("scale", "statefulset", sts, "-n", p.ns, "--replicas=0", check=True)
+    wait_for(lambda: p.pod() is None, "the old driver pod to go")
+    controller = p.cp.pids["kube-controller-manager"]
+    os.kill(controller, signal.SIGSTOP)
+    try:
+        # What the controller would see if its watch had not caught up with the deletion.
+        lagging = {"status": {"replicas": 1, "currentReplicas": 1}}
+        p.cp.kubectl(
+            "patch",
+            "statefulset",
+            sts,
+            "-n",
+            p.ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps(lagging),
+            check=True,
+        )
+        new_template = {
+            "spec": {"replicas": 1, "template": {"metadata": {"annotations": {HASH: "new"}}}}
+        }
+        p.cp.kubectl(
+            "patch",
+            "statefulset",
+            sts,
+            "-n",
+            p.ns,
+            "--type=merge",
+            "-p",
+            json.dumps(new_template),
+            check=True,
+        )
+    finally:
+        os.kill(controller, signal.SIGCONT)
+    p.pod_of("new")
 
 
 def test_each_upgrade_mode_restarts_the_driver_as_documented(
