@@ -36,13 +36,14 @@ task, whatever its bytes.  So a task whose first Arrow batch holds
 Arrow batches) produces in its own worker (:func:`worth_the_hop`); at 100
 bytes the two ways ran even.
 
-Such a worker takes the id over from the hub or from another worker, which
-finds its producer fenced at its next use.  That is Spark's scheduling, not
-another runner: each process of the executor that builds a producer notes
-its pid under the id in the hub's directory (:func:`note_holder`), and a
+Such a worker takes the id over from the hub or from another worker.  That
+is Spark's scheduling, not another runner: each process of the executor that
+builds a producer notes its pid under the id in the hub's directory
+(:func:`note_holder`).  A process whose producer for the id is no longer the
+noted one (:func:`handed_over_here`) builds a new one before its next
+transaction instead of learning from the broker that it was fenced, and a
 fencing counts only when no other process of this executor took the id over
-since (:func:`handed_over_here`), so ``eop_producers_fenced_total`` still
-tells a zombie runner apart.
+since, so ``eop_producers_fenced_total`` still tells a zombie runner apart.
 
 The hub exits with the daemon (``PR_SET_PDEATHSIG``), and so with the
 executor.  A hub killed outright leaves its directory behind; the next one

@@ -8,7 +8,8 @@ transactional producer ``<prefix>.<t>.<p>``:
 
 1. makes sure the producer holds the id (``init_transactions`` when built:
    fences every older holder and aborts its open transaction);
-2. reads ``c``, G's stable committed offset for ``(t, p)``;
+2. reads ``c``, G's stable committed offset for ``(t, p)`` (unless it knows
+   it, see below);
 3. skips if ``c >= until`` (the range is visible already: a replay);
 4. else begins, adds ``{(t, p): until}`` for G to the transaction *first*
    (a producer fenced since its last use fails here, before any row is
@@ -16,11 +17,17 @@ transactional producer ``<prefix>.<t>.<p>``:
 
 Reading ``c`` after the producer obtained its epoch is what makes this safe:
 a commit succeeds only if nobody initialised the id since, so nobody can have
-moved G in between.  A task whose rows were all filtered out has nothing to
-tell it its partition, and partitions with an empty range get no task at
-all: after the job the driver runs the same steps, with the same
-transactional id and no rows, for every partition no task reported on.  So
-after every completed batch G equals the batch's end offsets (invariant 5).
+moved G in between.  For the same reason a producer that committed ``(t, p)``
+in this run knows ``c`` without asking: it is the ``until`` of its own last
+commit, as long as nobody initialised the id since, which the next commit
+proves or refutes (fenced: rebuild, read ``c``); a skip needs no proof, as G
+only moves forward within a run.  Any failure forgets what it knew.
+
+A task whose rows were all filtered out has nothing to tell it its
+partition, and partitions with an empty range get no task at all: after the
+job the driver runs the same steps, with the same transactional id and no
+rows, for every partition no task reported on.  So after every completed
+batch G equals the batch's end offsets (invariant 5).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -100,6 +108,9 @@ class PartitionTask:
     end_offsets: Offsets
     layout: OutputLayout
     marker: str
+    #: This run of the sink: what a producer knows of G holds within one run only
+    #: (a stateless restart resets G before its run, in the same process in tests).
+    run: str
 
     @property
     def topic(self) -> str | None:
@@ -153,11 +164,12 @@ class TaskFunction:
 
     sink: SinkSettings
     layout: OutputLayout
+    run: str
 
     def task(self, batch_property: str | None, spark_batch: str | None = None) -> PartitionTask:
         """This batch's :class:`PartitionTask`, from the job's :data:`BATCH_PROPERTY`."""
         end_offsets, marker = decode_batch(batch_property, spark_batch)
-        return PartitionTask(self.sink, end_offsets, self.layout, marker)
+        return PartitionTask(self.sink, end_offsets, self.layout, marker, self.run)
 
 
 # Per-process caches: the producer hub (or a Spark Python worker) serves many tasks and
@@ -184,7 +196,9 @@ def _producer(sink: SinkSettings, tp: TopicPartition, fresh: bool) -> Transactio
     conf = sink.producer_config(tp)
     key = (sink.transactional_id(tp), _fingerprint(conf))
     cached = _producers.get(key)
-    if cached is not None and (fresh or not cached.usable):
+    # Another process of this executor built a producer for the id since: this one is
+    # fenced, and finding out from the broker would cost a round trip.
+    if cached is not None and (fresh or not cached.usable or handed_over_here(key[0])):
         cached.close()
         del _producers[key]
         cached = None
@@ -213,8 +227,12 @@ def commit_partition(
     fenced = 0
     for attempt in range(3):
         producer = _producer(sink, tp, fresh=attempt > 0)
-        committed = _progress_group(sink).committed([tp]).get(tp, -1)
+        # Taken out: only a commit (or a skip) below puts it back.
+        committed = producer.known_progress.pop(task.run, None)
+        if committed is None:
+            committed = _progress_group(sink).committed([tp]).get(tp, -1)
         if committed >= until:
+            producer.known_progress[task.run] = committed
             _drain(batches)
             return PartitionOutcome(tp[0], tp[1], BatchStatus.SKIPPED, 0, 0.0, fenced, 0)
         started = time.monotonic()
@@ -232,6 +250,7 @@ def commit_partition(
         try:
             rows_out = _produce(producer, sink.topic, task.layout, tp, committed, batches)
             producer.commit()
+            producer.known_progress[task.run] = until
         except BaseException:
             aborted = producer.abort()
             if not producer.usable:
@@ -362,7 +381,7 @@ class PartitionedSink:
         self.offsets_log = offsets_log
         self.layout = layout
         self.before_batch = before_batch
-        self._function = TaskFunction(sink, layout)
+        self._function = TaskFunction(sink, layout, uuid.uuid4().hex)
         self._udf: Any = None
         self._jobs: dict[tuple[str, ...], tuple[Any, Any]] = {}
 
@@ -372,7 +391,7 @@ class PartitionedSink:
             self.before_batch()
         end = self.offsets_log.end_offsets(batch_id)
         marker = batch_marker(self.offsets_log.query_id(), batch_id)
-        task = PartitionTask(self.sink, end, self.layout, marker)
+        task = PartitionTask(self.sink, end, self.layout, marker, self._function.run)
         outcomes: list[PartitionOutcome] = []
 
         def attempt(_: int) -> None:

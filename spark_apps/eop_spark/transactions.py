@@ -81,6 +81,9 @@ class TransactionalProducer:
         # The Arrow arrays that records queued by produce_arrow point into, and their size.
         self._held: list[Any] = []
         self._held_bytes = 0
+        #: What this producer's own commits left in G, under a key of the caller's
+        #: choosing; true only while it holds its epoch (a fenced commit refutes it).
+        self.known_progress: dict[Any, int] = {}
         self._call(lambda t: self._producer.init_transactions(t), "init_transactions", timeout)
 
     def _on_error(self, error: Any) -> None:

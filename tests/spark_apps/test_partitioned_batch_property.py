@@ -23,7 +23,7 @@ SINK = SinkSettings(
 def test_a_task_gets_the_end_offsets_and_marker_of_its_batch() -> None:
     end = {("orders.v1", 0): 17, ("orders.v1", 3): 0, ("refunds", 0): 1_000_000_000_000}
     marker = batch_marker("1b4e28ba-2fa1-11d2-883f-0016d3cca427", 42)
-    function = TaskFunction(SINK, output_layout([("value", "binary")]))
+    function = TaskFunction(SINK, output_layout([("value", "binary")]), "run")
 
     task = function.task(encode_batch(end, marker), spark_batch="42")
 
