@@ -27,7 +27,12 @@ runs ``--rounds`` times, in a rotating order, and keeps its best round: on a
 shared machine that filters out the moments another process took the CPU, the
 same way for every contender (the targets are read from these).  A third table gives
 each contender's median round, to show how much a single lucky round moves the best-of
-figures.  For each contender's best round the benchmark also
+figures.  A fourth pairs the contenders round by round: the median over rounds of
+b/a measured within one round, seconds apart.  On a machine whose speed wanders (one
+host here ran the same contender at up to twice the rate from one round to the next)
+the best round is whichever contender got lucky, and pairing cancels what the rounds
+share.  Eight rounds by default: with four contenders in a rotating order, each runs
+first, second, third and last twice.  For each contender's best round the benchmark also
 prints the CPU it took: the broker's, and that of this process with the Spark JVM
 and its Python workers.  And each contender's median round's CPU without the two
 JVMs' JIT compiler threads: what a copy costs once its code is compiled (each round
@@ -40,7 +45,7 @@ holds the input and a copy or two, not the whole run.  Runners map the JVM class
 archive as they do in the dev environment and the image (built first if missing,
 see eop_spark.class_archive).
 
-    .venv/bin/python bench/data_plane.py                  # 1,000,000 records, ~15 min on 2 cores
+    .venv/bin/python bench/data_plane.py                  # 1,000,000 records, 15-30 min on 2 cores
     .venv/bin/python bench/data_plane.py --records 100000 # quick look
 """
 
@@ -215,6 +220,16 @@ class Timing:
     def rate(self, records: int, *, sustained: bool = False) -> float:
         """Records/s over the wall time, or (``sustained``) over the batches' time."""
         return records / (self.batches_s if sustained else self.wall_s)
+
+
+def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
+    """The median over rounds of one contender's rate divided by another's in the same round.
+
+    A round runs every contender back to back, so the two rates of a pair were measured
+    seconds apart, under the same load on the machine; a round in which either was
+    disturbed gives one outlying ratio, which the median drops.
+    """
+    return statistics.median(n / d for n, d in zip(numerator, denominator, strict=True))
 
 
 def batch_seconds(query: Any) -> float:
@@ -406,7 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--sizes", default="100,1024", help="record sizes in bytes")
-    parser.add_argument("--rounds", type=int, default=5, help="runs per contender (best kept)")
+    parser.add_argument(
+        "--rounds", type=int, default=8, help="runs per contender (a multiple of 4 is fair)"
+    )
     parser.add_argument("--recovery-samples", type=int, default=2)
     parser.add_argument("--work", type=Path, help="work directory (default: a temp dir)")
     args = parser.parse_args(argv)
@@ -534,6 +551,7 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
         drop(broker, "warm-in")
 
         rows = []
+        pairs: list[tuple[int, dict[str, list[float]], dict[str, list[float]]]] = []
         for size in sizes:
             source = f"in-{size}"
             broker.create_topic(source, PARTITIONS)
@@ -542,6 +560,7 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
             figures: dict[str, float] = {}
             cpu: dict[str, tuple[float, float]] = {}
             walls: dict[str, list[float]] = {mode: [] for mode in MODES}
+            sustains: dict[str, list[float]] = {mode: [] for mode in MODES}
             work_cpu: dict[str, list[float]] = {mode: [] for mode in MODES}
             # One unmeasured copy of this size each: the warm-up above is of 100-byte
             # records, and without it every contender's 1 KiB rounds got faster one after
@@ -567,6 +586,7 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
                     figures[mode] = max(figures.get(mode, 0.0), wall)
                     figures[f"{mode}/s"] = max(figures.get(f"{mode}/s", 0.0), sustained)
                     walls[mode].append(wall)
+                    sustains[mode].append(sustained)
                     written = copy_count(broker, f"out-{name}")
                     drop(broker, f"out-{name}")
                     print(
@@ -585,6 +605,7 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
             figures |= {f"{mode}/cpu": statistics.median(work_cpu[mode]) for mode in MODES}
             print(f"  {size:>5} B ProducerPerf {figures['ceiling']:>18,.0f} rec/s", flush=True)
             rows.append((size, figures, cpu))
+            pairs.append((size, walls, sustains))
         spark.stop()
 
         for title, suffix in (
@@ -605,6 +626,28 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
                     f" {e:>20,.0f}  {b / a:4.2f}  {c / a:4.2f}  {b / d:4.2f}"
                     f"  {e / a:4.2f}  {b / e:4.2f}"
                 )
+
+        print(
+            "\nPaired: the median over rounds of the ratio of two contenders' rates in the same "
+            "round\n(query start to end, and while batches run; per-round b/a in round order)\n"
+            "                   b/a   c/a   e/a   b/e   b/a while batches run   b/a by round"
+        )
+        for size, rates, busy in pairs:
+            b_a = [b / a for b, a in zip(rates["partitioned"], rates["builtin"], strict=True)]
+            print(
+                f"{size:>5} B records  "
+                + "  ".join(
+                    f"{paired_ratio(rates[n], rates[d]):4.2f}"
+                    for n, d in (
+                        ("partitioned", "builtin"),
+                        ("coordinated", "builtin"),
+                        ("plain", "builtin"),
+                        ("partitioned", "plain"),
+                    )
+                )
+                + f"   {paired_ratio(busy['partitioned'], busy['builtin']):20.2f}   "
+                + " ".join(f"{r:4.2f}" for r in b_a)
+            )
 
         print(
             "\nCPU seconds of each contender's best round (broker + Spark driver, JVM and "
