@@ -25,7 +25,8 @@ starts it), and N divided by the time of the batches themselves (the sum of Spar
 pipeline sustains; the same measure for every contender).  Each of (a)-(c), (e)
 runs ``--rounds`` times, in a rotating order, and keeps its best round: on a
 shared machine that filters out the moments another process took the CPU, the
-same way for every contender (the targets are read from these).  A third table gives
+same way for every contender (the targets were first read from these; the paired
+table below is the stricter reading, and a target holds only if both say so).  A third table gives
 each contender's median round, to show how much a single lucky round moves the best-of
 figures.  A fourth pairs the contenders round by round: the median over rounds of
 b/a measured within one round, seconds apart.  On a machine whose speed wanders (one
