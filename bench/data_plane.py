@@ -26,9 +26,9 @@ pipeline sustains; the same measure for every contender).  Each of (a)-(c), (e)
 runs ``--rounds`` times, in a rotating order, and keeps its best round: on a
 shared machine that filters out the moments another process took the CPU, the
 same way for every contender (the targets were first read from these; the paired
-table below is the stricter reading, and a target holds only if both say so).  A third table gives
-each contender's median round, to show how much a single lucky round moves the best-of
-figures.  A fourth pairs the contenders round by round: the median over rounds of
+table below is the stricter reading, and a target holds only if both say so).  A third
+table gives each contender's median round, to show how much a single lucky round moves
+the best-of figures.  A fourth pairs the contenders round by round: the median over rounds of
 b/a measured within one round, seconds apart.  On a machine whose speed wanders (one
 host here ran the same contender at up to twice the rate from one round to the next)
 the best round is whichever contender got lucky, and pairing cancels what the rounds
@@ -223,6 +223,11 @@ class Timing:
         return records / (self.batches_s if sustained else self.wall_s)
 
 
+def round_ratios(numerator: list[float], denominator: list[float]) -> list[float]:
+    """One contender's rate divided by another's in the same round, round by round."""
+    return [n / d for n, d in zip(numerator, denominator, strict=True)]
+
+
 def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
     """The median over rounds of one contender's rate divided by another's in the same round.
 
@@ -230,7 +235,7 @@ def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
     seconds apart, under the same load on the machine; a round in which either was
     disturbed gives one outlying ratio, which the median drops.
     """
-    return statistics.median(n / d for n, d in zip(numerator, denominator, strict=True))
+    return statistics.median(round_ratios(numerator, denominator))
 
 
 def batch_seconds(query: Any) -> float:
@@ -559,7 +564,7 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
             fill(broker, source, records, size)
             assert sum(end_offsets(broker, source).values()) == records
             figures: dict[str, float] = {}
-            cpu: dict[str, tuple[float, float]] = {}
+            round_cpu: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
             walls: dict[str, list[float]] = {mode: [] for mode in MODES}
             sustains: dict[str, list[float]] = {mode: [] for mode in MODES}
             work_cpu: dict[str, list[float]] = {mode: [] for mode in MODES}
@@ -582,10 +587,7 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
                     jit = broker_jit + spark_jit
                     work_cpu[mode].append(broker_cpu + spark_cpu - jit)
                     wall, sustained = timing.rate(records), timing.rate(records, sustained=True)
-                    if wall > figures.get(mode, 0.0):
-                        cpu[mode] = (broker_cpu, spark_cpu)
-                    figures[mode] = max(figures.get(mode, 0.0), wall)
-                    figures[f"{mode}/s"] = max(figures.get(f"{mode}/s", 0.0), sustained)
+                    round_cpu[mode].append((broker_cpu, spark_cpu))
                     walls[mode].append(wall)
                     sustains[mode].append(sustained)
                     written = copy_count(broker, f"out-{name}")
@@ -602,7 +604,11 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
             figures["ceiling"] = producer_perf(broker, f"perf-{size}", records, size)
             drop(broker, f"perf-{size}")
             drop(broker, source)
+            figures |= {mode: max(walls[mode]) for mode in MODES}
+            figures |= {f"{mode}/s": max(sustains[mode]) for mode in MODES}
             figures |= {f"{mode}/m": statistics.median(walls[mode]) for mode in MODES}
+            # The CPU of each contender's best round (the first, if two tie).
+            cpu = {m: round_cpu[m][walls[m].index(max(walls[m]))] for m in MODES}
             figures |= {f"{mode}/cpu": statistics.median(work_cpu[mode]) for mode in MODES}
             print(f"  {size:>5} B ProducerPerf {figures['ceiling']:>18,.0f} rec/s", flush=True)
             rows.append((size, figures, cpu))
@@ -634,7 +640,7 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
             "                   b/a   c/a   e/a   b/e   b/a while batches run   b/a by round"
         )
         for size, rates, busy in pairs:
-            b_a = [b / a for b, a in zip(rates["partitioned"], rates["builtin"], strict=True)]
+            b_a = round_ratios(rates["partitioned"], rates["builtin"])
             print(
                 f"{size:>5} B records  "
                 + "  ".join(
