@@ -137,16 +137,10 @@ def train(partial: Path) -> None:
     try:
         (work / "in").mkdir()
         (work / "in" / "part-0.txt").write_text("".join(f"{i}\n" for i in range(1000)))
-        config = RunConfig.model_validate(
-            {
-                "pipeline": "eop.class-archive",
-                "source": {"kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["none"]}},
-                "transform": {"sql": "SELECT value AS key, value FROM source"},
-                "sink": {"kafka": {"bootstrapServers": "127.0.0.1:9", "topic": "none"}},
-                "transactionalIdPrefix": "eop.class-archive",
-                "progressGroup": "eop.class-archive",
-                "checkpointRoot": str(work / "checkpoints"),
-            }
+        config = RunConfig.offline(
+            "eop.class-archive",
+            str(work / "checkpoints"),
+            "SELECT value AS key, value FROM source",
         )
         jars = connector_jars()
         spark = build_session(config, jars, archive_at_exit=partial)

@@ -61,6 +61,22 @@ class RunConfig(SpecModel):
         return f"{self.checkpoint_root.rstrip('/')}/gen-{self.generation}"
 
     @classmethod
+    def offline(cls, pipeline: str, checkpoint_root: str, sql: str) -> RunConfig:
+        """A run config for tools that need only its Spark session: its Kafka is unreachable."""
+        nowhere = "127.0.0.1:9"  # the discard port: nothing listens there
+        return cls.model_validate(
+            {
+                "pipeline": pipeline,
+                "source": {"kafka": {"bootstrapServers": nowhere, "topics": ["none"]}},
+                "transform": {"sql": sql},
+                "sink": {"kafka": {"bootstrapServers": nowhere, "topic": "none"}},
+                "transactionalIdPrefix": pipeline,
+                "progressGroup": pipeline,
+                "checkpointRoot": checkpoint_root,
+            }
+        )
+
+    @classmethod
     def from_file(cls, path: Path) -> RunConfig:
         """Read a run configuration written by the operator or by ``eop run``."""
         return cls.model_validate_json(path.read_text())

@@ -21,6 +21,17 @@ source partition), and of every worker a restarted runner starts:
   ``gc.collect()`` after every task, which otherwise walks every object of
   those libraries each time.
 
+* A worker acknowledges what it reads from the JVM at once (Linux's
+  ``TCP_QUICKACK`` before and after every read of its socket) and sends its
+  own small writes at once (``TCP_NODELAY``).  The JVM writes a task's
+  header, its Arrow stream and its end in separate writes on a loopback TCP
+  socket with Nagle's algorithm on, and a worker that only reads is in
+  "delayed ACK" mode, so a write smaller than a segment (a small task's
+  whole input, or the last bytes of a big one) waited for the kernel's 40 ms
+  delayed-ACK timer: a job of 4 one-row tasks on 2 cores took ~130 ms,
+  against ~45 ms with quick ACKs.  Every micro-batch pays it once per wave
+  of tasks (see ``bench/python_tasks.py``).
+
 Before the first worker it forks the executor's producer hub
 (:mod:`eop_spark.producer_hub`), which keeps the partitioned sink's
 producers whichever worker runs a partition's task.
@@ -36,11 +47,15 @@ from __future__ import annotations
 import faulthandler
 import gc
 import importlib
+import io
 import logging
 import os
 import signal
+import socket
 import sys
+from collections.abc import Callable
 from importlib.machinery import PathFinder
+from typing import Any, BinaryIO
 
 from eop_spark import producer_hub
 from eop_spark.allocator import keep_freed_memory
@@ -101,6 +116,82 @@ def _local_dir() -> str | None:
     return first if first and os.path.isdir(first) else None
 
 
+#: Linux only; elsewhere the workers read as pyspark's do.
+QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
+#: Set to 1 in the workers' environment to read as pyspark's own workers do (to compare).
+NO_QUICK_ACK_ENV = "EOP_NO_QUICK_ACK"
+
+
+class QuickAckReads(io.RawIOBase):
+    """A worker's input from the JVM, acknowledged to the kernel as soon as it is read.
+
+    Reads go through ``infile`` (pyspark's buffered reader of the task's
+    socket), so bytes it already holds come first; the socket is a duplicate
+    of its descriptor, used only for socket options.
+    """
+
+    def __init__(self, infile: io.BufferedReader, sock: socket.socket) -> None:
+        """Read from ``infile``; set ``TCP_QUICKACK`` on ``sock`` around each read."""
+        super().__init__()
+        self._infile = infile
+        self._sock = sock
+
+    def readable(self) -> bool:
+        """Always: this is an input stream."""
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        """One read of the underlying stream, with the kernel told to acknowledge at once."""
+        self._quick_ack()
+        count = self._infile.readinto1(buffer)
+        self._quick_ack()  # Linux leaves quick-ACK mode again on its own
+        return count
+
+    def _quick_ack(self) -> None:
+        assert QUICKACK is not None
+        self._sock.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)
+
+    def close(self) -> None:
+        """Close the duplicate socket (pyspark's files close themselves)."""
+        self._sock.close()
+        super().close()
+
+
+def tcp_socket_of(stream: BinaryIO) -> socket.socket | None:
+    """A duplicate of ``stream``'s descriptor as a socket, if it is a TCP socket on Linux."""
+    if QUICKACK is None:
+        return None
+    try:
+        fd = os.dup(stream.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return None
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        os.close(fd)
+        return None
+    if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+        sock.close()
+        return None
+    return sock
+
+
+def acknowledging(main: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """pyspark's ``worker.main(infile, outfile)``, reading through :class:`QuickAckReads`."""
+
+    def worker_main(infile: Any, outfile: Any) -> Any:
+        sock = None if os.environ.get(NO_QUICK_ACK_ENV) == "1" else tcp_socket_of(infile)
+        if sock is None:
+            return main(infile, outfile)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # Bigger than pyspark's buffer: BufferedReader then reads it straight into ours.
+        size = 2 * int(os.environ.get("SPARK_BUFFER_SIZE", 65536))
+        with QuickAckReads(infile, sock) as raw:
+            return main(io.BufferedReader(raw, size), outfile)
+
+    return worker_main
+
+
 def _dump_stacks_on_sigusr1() -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
 
@@ -111,7 +202,9 @@ def main() -> None:
     keep_freed_memory()  # inherited by every forked worker
     drop_spark_archives()
     preload()
-    from pyspark.daemon import manager  # reads the worker module from sys.argv
+    import pyspark.daemon  # reads the worker module from sys.argv
+
+    pyspark.daemon.worker_main = acknowledging(pyspark.daemon.worker_main)
 
     gc.collect()
     gc.freeze()
@@ -119,7 +212,7 @@ def main() -> None:
         hub = producer_hub.start(_local_dir())
         if hub is not None:
             os.environ[producer_hub.SOCKET_ENV] = hub  # inherited by every forked worker
-    manager()  # type: ignore[no-untyped-call]
+    pyspark.daemon.manager()  # type: ignore[no-untyped-call]
 
 
 if __name__ == "__main__":

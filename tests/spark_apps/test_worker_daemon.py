@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import os
+import socket
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
@@ -148,3 +152,59 @@ def test_the_spark_jvm_and_its_workers_start_with_the_allocator_tunables(
     # (Not /proc/<pid>/environ: glibc cuts the original string at the first ':' as it parses.)
     assert jvm == glibc_tunables()
     assert TUNABLES_ENV not in os.environ
+
+
+def _loopback_pair() -> tuple[socket.socket, socket.socket]:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+    return client, accepted
+
+
+@pytest.mark.skipif(worker_daemon.QUICKACK is None, reason="TCP_QUICKACK is Linux only")
+def test_a_worker_reads_the_jvms_bytes_unchanged_and_acknowledges_at_once() -> None:
+    """What pyspark's reader holds already comes first; then the socket, quick ACKs on."""
+    jvm, worker = _loopback_pair()
+    task = os.urandom(300_000)
+    seen: list[tuple[bytes, int, int]] = []
+
+    def main(infile: BinaryIO, outfile: BinaryIO) -> int:
+        head = infile.read(5)
+        rest = infile.read(len(task) - 3 - 5)
+        with socket.socket(fileno=os.dup(worker.fileno())) as sock:
+            quick = sock.getsockopt(socket.IPPROTO_TCP, worker_daemon.QUICKACK)
+            nodelay = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        seen.append((head + rest, quick, nodelay))
+        return 0
+
+    with jvm, worker:
+        # A request and an answer each way: Linux now delays this socket's ACKs.
+        for _ in range(3):
+            jvm.sendall(b"?")
+            assert worker.recv(1) == b"?"
+            worker.sendall(b"!")
+            assert jvm.recv(1) == b"!"
+        infile = os.fdopen(os.dup(worker.fileno()), "rb", 65536)
+        jvm.sendall(task[:1000])
+        assert infile.read(3) == task[:3]  # pyspark's reader now holds the rest of the 1000
+        sender = threading.Thread(target=jvm.sendall, args=(task[1000:],))
+        sender.start()
+        assert worker_daemon.acknowledging(main)(infile, None) == 0
+        sender.join()
+        infile.close()
+    assert seen == [(task[3:], 1, 1)]
+
+
+def test_workers_on_other_sockets_read_as_pysparks_do(tmp_path: Path) -> None:
+    """A Unix socket (or anything but TCP) gets pyspark's own reader."""
+    left, right = socket.socketpair()
+    with left, right:
+        infile = os.fdopen(os.dup(right.fileno()), "rb", 65536)
+        got = worker_daemon.acknowledging(lambda i, o: i)(infile, None)
+        infile.close()
+    assert got is infile
+    assert worker_daemon.tcp_socket_of(io.BytesIO(b"")) is None
+    with (tmp_path / "file").open("wb") as regular:
+        descriptors = len(os.listdir("/proc/self/fd"))
+        assert worker_daemon.tcp_socket_of(regular) is None  # type: ignore[arg-type]
+        assert len(os.listdir("/proc/self/fd")) == descriptors
