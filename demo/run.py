@@ -470,11 +470,32 @@ def kill_driver_container(
 ) -> float:
     """SIGKILL the driver container through containerd; wait until it runs again."""
     began = time.monotonic()
-    pod = eventually(lambda: running_driver(cluster, pipeline), 60, f"{pipeline} driver")
-    status = pod["status"]["containerStatuses"][0]
-    container_id = status["containerID"].split("://", 1)[1]
-    restarts = int(status.get("restartCount", 0))
-    cluster.ctr("task", "kill", "-s", "SIGKILL", container_id, check=True)
+    restarts = 0
+    refusals: list[str] = []
+
+    def killed() -> bool:
+        # The pod's status can lag its container by a moment (a container that has just
+        # exited or been replaced still shows as running): ctr then finds no task, and
+        # the next status read names the container to kill.
+        nonlocal restarts
+        pod = running_driver(cluster, pipeline)
+        if pod is None:
+            return False
+        status = pod["status"]["containerStatuses"][0]
+        container_id = status["containerID"].split("://", 1)[1]
+        restarts = int(status.get("restartCount", 0))
+        result = cluster.ctr("task", "kill", "-s", "SIGKILL", container_id)
+        if result.returncode != 0:
+            refusals.append(f"{container_id[:12]}: {result.stderr.strip()}")
+        return result.returncode == 0
+
+    eventually(
+        killed,
+        60,
+        lambda: f"a {pipeline} driver container to SIGKILL; ctr said: {refusals[-3:]}",
+    )
+    if refusals:
+        step(f"ctr found no task {len(refusals)} time(s) before the kill: {refusals[-1]}")
 
     def restarted() -> bool:
         p = running_driver(cluster, pipeline)
