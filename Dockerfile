@@ -112,6 +112,11 @@ RUN --mount=type=secret,id=build-ca \
     && jars_dir="$(EOP_CACHE=/opt/eop/cache PYTHON=/opt/eop/venv/bin/python /src/devenv/fetch-jars.sh spark)" \
     && mkdir -p /opt/eop/jars \
     && cp "$jars_dir"/*.jar /opt/eop/jars/
+# The partitioned sink's JVM task (eop_spark.jvm_writer), compiled against those jars and
+# pyspark's with this stage's JDK (the image has a JRE only).
+COPY spark_apps/eop_spark/jvm_writer.py /src/jvm_writer/
+COPY spark_apps/eop_spark/jvm /src/jvm_writer/jvm
+RUN python /src/jvm_writer/jvm_writer.py /opt/eop/jars /opt/eop/jars
 
 # ---------------------------------------------------------------------------------------------
 # Image: the operator. The eop wheel is installed on top of the dependency venv in layers of

@@ -7,12 +7,14 @@ on 4 partitions), read with ``read_committed`` and written to a fresh topic by:
   (b) eop, partitioned commit mode,
   (c) eop, coordinated commit mode,
   (d) the broker's ProducerPerformance tool: the ceiling for writing N records,
-  (e) eop's produce path without exactly-once: the same rows handed to Python
+  (e) the Python produce path without exactly-once: the same rows handed to Python
       workers (``mapInArrow``, no ``foreachBatch``) and queued on librdkafka as
-      partitioned mode does (:mod:`eop_spark.native_produce`), by a plain
-      idempotent producer per task: no transactions, no progress group, no
-      producer hub.  b/e is what exactly-once itself costs; e/a what moving the
-      records through Python and librdkafka instead of the JVM's producer costs.
+      partitioned mode's Python tasks do (:mod:`eop_spark.native_produce`), by a
+      plain idempotent producer per task: no transactions, no progress group, no
+      producer hub.  e/a is what moving the records through Python and librdkafka
+      instead of the JVM's producer costs.  Partitioned mode's tasks run in the
+      JVM since 2026-11-25 (:mod:`eop_spark.jvm_writer`), so b/e compares two
+      paths now, not exactly-once alone.
 
 (a)-(c) and (e) run in one SparkSession (each first copies N 100-byte records twice, in 40
 batches each, and then each size's input once, unmeasured, so the JIT of Spark's JVM

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eop_spark import class_archive
+from eop_spark import class_archive, jvm_writer
 from eop_spark.allocator import TUNABLES_ENV, glibc_tunables
 from eop_spark.config import RunConfig
 from eop_spark.offsets_log import is_local
@@ -186,6 +186,7 @@ def build_session(
     else:
         java_options = class_archive.java_options(class_archive.find_archive())
     builder = SparkSession.builder
+    jars = [*jars, *jvm_writer.writer_jars(jars)]
     for key, value in session_conf(config, jars, log4j2, java_options).items():
         builder = builder.config(key, value)
     with _jvm_stderr_to_stdout(), _jvm_environment({TUNABLES_ENV: glibc_tunables()}):

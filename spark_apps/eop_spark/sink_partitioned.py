@@ -36,6 +36,7 @@ import functools
 import hashlib
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
+from eop_spark import jvm_writer
 from eop_spark.attempts import with_attempts
 from eop_spark.batch_log import BatchResult, BatchStatus
 from eop_spark.errors import PipelineFailed, ProducerFenced
@@ -61,6 +63,7 @@ from eop_spark.sink_contract import (
     produce_arrow_batch,
 )
 from eop_spark.sink_settings import SinkSettings
+from eop_spark.spec import duration_ms
 from eop_spark.transactions import TransactionalProducer
 
 if TYPE_CHECKING:
@@ -384,6 +387,8 @@ class PartitionedSink:
         self._function = TaskFunction(sink, layout, uuid.uuid4().hex)
         self._udf: Any = None
         self._jobs: dict[tuple[str, ...], tuple[Any, Any]] = {}
+        #: The JVM writer's settings (JSON), once the first batch decided; "" = Python tasks.
+        self._jvm_settings: str | None = None
 
     def __call__(self, df: DataFrame, batch_id: int) -> BatchResult:
         """Commit batch ``batch_id`` (the foreachBatch body)."""
@@ -394,11 +399,16 @@ class PartitionedSink:
         task = PartitionTask(self.sink, end, self.layout, marker, self._function.run)
         outcomes: list[PartitionOutcome] = []
 
+        writer = self._jvm_writer(df.sparkSession)
+
         def attempt(_: int) -> None:
             outcomes.clear()
-            rows = self._run_tasks(df, task)
-            outcomes.extend(PartitionOutcome(**row.asDict()) for row in rows)
-            outcomes.extend(self._advance_the_rest(task, outcomes))
+            if writer is None:
+                rows = [row.asDict() for row in self._run_tasks(df, task)]
+            else:
+                rows = self._run_jvm_tasks(df, task, writer)
+            outcomes.extend(PartitionOutcome(**row) for row in rows)
+            outcomes.extend(self._advance_the_rest(task, outcomes, writer))
 
         failures: list[object] = []
         with_attempts(f"batch {batch_id}", attempt, on_retry=failures.append)
@@ -406,6 +416,48 @@ class PartitionedSink:
         # A failed attempt's transactions were aborted (by the task, or by the next init).
         result.aborted += len(failures)
         return result
+
+    def _jvm_writer(self, spark: SparkSession) -> Any:
+        """The JVM writer class, with its settings in ``self._jvm_settings``; None: Python."""
+        from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
+
+        writer = spark.sparkContext._jvm
+        for name in jvm_writer.CLASS.split("."):
+            writer = getattr(writer, name)
+        if self._jvm_settings is None:
+            java = None
+            wanted = os.environ.get(jvm_writer.NO_JVM_WRITER_ENV) != "1"
+            if wanted and isinstance(writer, JavaClass):
+                java = jvm_writer.java_settings(
+                    spark, self.sink.client_config, duration_ms(self.sink.transaction_timeout)
+                )
+            self._jvm_settings = ""
+            if java is not None:
+                producer, reader = java
+                self._jvm_settings = json.dumps(
+                    {
+                        "topic": self.sink.topic,
+                        "prefix": self.sink.transactional_id_prefix,
+                        "group": self.sink.group,
+                        "run": self._function.run,
+                        "producer": producer,
+                        "reader": reader,
+                    }
+                )
+            where = "the executors' JVM" if java is not None else "Python workers"
+            log.info("partitioned sink: tasks commit in %s", where)
+        return writer if self._jvm_settings else None
+
+    def _run_jvm_tasks(self, df: DataFrame, task: PartitionTask, writer: Any) -> list[Any]:
+        """Run the batch's tasks in the JVM writer; return their outcomes."""
+        columns = [*self.layout.columns(), *task.provenance()]
+        jsc = df.sparkSession.sparkContext._jsc
+        jsc.setLocalProperty(BATCH_PROPERTY, encode_batch(task.end_offsets, task.marker))
+        try:
+            jdf = df.select(*columns)._jdf
+            return [json.loads(o) for o in writer.write(jdf, self._jvm_settings)]
+        finally:
+            jsc.setLocalProperty(BATCH_PROPERTY, None)
 
     def _run_tasks(self, df: DataFrame, task: PartitionTask) -> list[Any]:
         """Run ``write_partition`` on the batch's rows; return the tasks' outcome rows.
@@ -446,17 +498,25 @@ class PartitionedSink:
             jsc.setLocalProperty(BATCH_PROPERTY, None)
 
     def _advance_the_rest(
-        self, task: PartitionTask, outcomes: Sequence[PartitionOutcome]
+        self, task: PartitionTask, outcomes: Sequence[PartitionOutcome], writer: Any
     ) -> list[PartitionOutcome]:
         """Offsets-only transactions for the partitions no task reported on.
 
         Every task succeeded, so those partitions had no output rows in this
         batch (or no task at all).  Each goes through the same steps as a task
-        (take the id, read G, skip or commit), so G reaches the batch end.
+        (take the id, read G, skip or commit), so G reaches the batch end; with
+        the JVM writer, in the driver's JVM (in local mode the tasks' own, so the
+        producers are the same and nothing is fenced).
         """
         reported = {(o.topic, o.partition) for o in outcomes}
         rest = sorted(tp for tp in task.end_offsets if tp not in reported)
-        return [commit_partition(task, tp, ()) for tp in rest]
+        if writer is None:
+            return [commit_partition(task, tp, ()) for tp in rest]
+        batch = encode_batch(task.end_offsets, task.marker)
+        return [
+            PartitionOutcome(**json.loads(writer.advance(self._jvm_settings, batch, t, p)))
+            for t, p in rest
+        ]
 
 
 def summarize(batch_id: int, end: Offsets, outcomes: Sequence[PartitionOutcome]) -> BatchResult:

@@ -48,6 +48,7 @@ def test_partitioned_filter_commits_each_kept_record_once_and_g_reaches_the_end(
     assert keys == sorted(f"k{i}" for i in range(4000) if i % 4 != 3)
     assert pipeline.progress() == pipeline.end_offsets()
     assert any("commit mode partitioned" in m for m in runner.messages())
+    assert any("tasks commit in the executors' JVM" in m for m in runner.messages())
     assert {b["mode"] for b in runner.batches()} == {"partitioned"}
     assert sum(b["rows_in"] for b in runner.batches()) == 4000
     assert runner.stderr == ""
@@ -144,12 +145,14 @@ def test_partitioned_reads_several_topics_and_keeps_them_apart(
     assert {b["mode"] for b in runner.batches()} == {"partitioned"}
 
 
-def test_coordinated_keeps_each_record_whole_and_in_order(make_pipeline: PipelineFactory) -> None:
+@pytest.mark.parametrize("mode", ["coordinated", "partitioned"])
+def test_each_record_arrives_whole_and_in_order(make_pipeline: PipelineFactory, mode: str) -> None:
     """Every output column reaches Kafka: key, headers, the target partition, in input order.
 
     The coordinated sink moves the output to the driver as Arrow batches; the
-    record order of a source partition must survive that, and so must what
-    only the row-by-row path can send (headers, a partition column).
+    partitioned sink's tasks send it from the executor's JVM (the Java
+    producer). The record order of a source partition must survive either,
+    and so must headers and a partition column.
     """
     pipeline = make_pipeline(source_partitions=2, sink_partitions=3)
     produce(
@@ -162,9 +165,7 @@ def test_coordinated_keeps_each_record_whole_and_in_order(make_pipeline: Pipelin
         "array(named_struct('key', 'src', 'value', CAST(CAST(offset AS STRING) AS BINARY))) "
         "AS headers FROM source"
     )
-    runner = run_to_the_end(
-        pipeline, sql, sink={"topic": pipeline.sink_topic, "commitMode": "coordinated"}
-    )
+    runner = run_to_the_end(pipeline, sql, sink={"topic": pipeline.sink_topic, "commitMode": mode})
 
     by_partition: dict[int, list[tuple[int, int]]] = {}
     for message in read_committed_messages(pipeline.broker, pipeline.sink_topic):
@@ -175,5 +176,5 @@ def test_coordinated_keeps_each_record_whole_and_in_order(make_pipeline: Pipelin
     # Source partition p went to sink partition p + 1, each record once, in source order.
     assert by_partition == {p + 1: list(range(p, 3000, 2)) for p in (0, 1)}
     assert pipeline.progress() == pipeline.end_offsets()
-    assert {b["mode"] for b in runner.batches()} == {"coordinated"}
+    assert {b["mode"] for b in runner.batches()} == {mode}
     assert runner.stderr == ""

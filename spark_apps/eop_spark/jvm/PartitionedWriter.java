@@ -1,0 +1,464 @@
+/*
+ * The partitioned commit mode's task, in the executor JVM (see eop_spark.sink_partitioned for
+ * the protocol, and eop_spark.jvm_writer for how the runner builds and calls this class).
+ *
+ * Each Spark task of a batch reads one source partition (t, p), range [from, until), and with
+ * the transactional producer <prefix>.<t>.<p>: makes sure the producer holds the id
+ * (initTransactions when built), reads c = G's stable committed offset for (t, p) unless it
+ * knows it, skips if c >= until, else begins, adds {(t, p): until} for G first, sends the rows
+ * with offset >= c and commits. One producer per id lives as long as the JVM, so the tasks of
+ * every batch that run here share it; a task holds its id's lock for the whole transaction.
+ *
+ * Failures reach the driver as exceptions whose message starts with the name of the
+ * eop_spark.errors class the Python side raises for them (eop_spark.errors.from_failure reads
+ * it from the Java exception's text): SinkRetryable (the batch may run again), ProducerFenced,
+ * PipelineFailed.
+ */
+package io.exactlyonce.eop;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.HashMap;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+import java.util.concurrent.ConcurrentHashMap;
+import org.apache.kafka.clients.consumer.ConsumerGroupMetadata;
+import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.consumer.OffsetAndMetadata;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.KafkaException;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.errors.AuthenticationException;
+import org.apache.kafka.common.errors.AuthorizationException;
+import org.apache.kafka.common.errors.InvalidProducerEpochException;
+import org.apache.kafka.common.errors.ProducerFencedException;
+import org.apache.kafka.common.errors.UnsupportedVersionException;
+import org.apache.kafka.common.header.Header;
+import org.apache.kafka.common.header.internals.RecordHeader;
+import org.apache.kafka.common.serialization.ByteArrayDeserializer;
+import org.apache.kafka.common.serialization.ByteArraySerializer;
+import org.apache.spark.TaskContext;
+import org.apache.spark.api.java.function.FlatMapFunction;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.util.ArrayData;
+import org.apache.spark.sql.types.BinaryType;
+import org.apache.spark.sql.types.StructType;
+
+public final class PartitionedWriter {
+  /** The local property with the batch's end offsets and marker (BATCH_PROPERTY in Python). */
+  public static final String BATCH_PROPERTY = "eop.partitioned.batch";
+  /** The local property Spark gives every job of a streaming batch. */
+  public static final String SPARK_BATCH_PROPERTY = "streaming.sql.batchId";
+
+  static final String SOURCE_TOPIC = "__eop_src_topic";
+  static final String SOURCE_PARTITION = "__eop_src_partition";
+  static final String SOURCE_OFFSET = "__eop_src_offset";
+  static final int ATTEMPTS = 3;
+  static final ObjectMapper JSON = new ObjectMapper();
+
+  /** One transactional id's producer, what it knows of G per run, and the run it last served. */
+  static final class Held {
+    final KafkaProducer<byte[], byte[]> producer;
+    final Map<String, Long> known = new HashMap<>();
+    String lastRun = "";
+
+    Held(KafkaProducer<byte[], byte[]> producer) {
+      this.producer = producer;
+    }
+  }
+
+  /** Per id: the lock a task holds for its whole transaction, and the producer (if any). */
+  static final class Slot {
+    Held held;
+  }
+
+  static final Map<String, Slot> SLOTS = new ConcurrentHashMap<>();
+  static final Map<String, KafkaConsumer<byte[], byte[]>> READERS = new HashMap<>();
+
+  private PartitionedWriter() {}
+
+  /** A failure the driver maps to the eop_spark.errors class ``kind``. */
+  static final class TaskFailure extends RuntimeException {
+    private static final long serialVersionUID = 1L;
+
+    TaskFailure(String kind, String message, Throwable cause) {
+      super("eop_spark.errors." + kind + ": " + message, cause);
+    }
+  }
+
+  /** What every task of a run shares: parsed once per task from the settings JSON. */
+  static final class Settings {
+    final String topic;
+    final String prefix;
+    final String group;
+    final String run;
+    final Map<String, Object> producer;
+    final Map<String, Object> reader;
+
+    Settings(JsonNode node) {
+      topic = node.get("topic").asText();
+      prefix = node.get("prefix").asText();
+      group = node.get("group").asText();
+      run = node.get("run").asText();
+      producer = properties(node.get("producer"));
+      reader = properties(node.get("reader"));
+    }
+
+    String transactionalId(String topic, int partition) {
+      return prefix + "." + topic + "." + partition;
+    }
+
+    static Map<String, Object> properties(JsonNode node) {
+      Map<String, Object> props = new HashMap<>();
+      node.fields().forEachRemaining(e -> props.put(e.getKey(), e.getValue().asText()));
+      return props;
+    }
+  }
+
+  /** Where each column the task reads sits in the selected row. */
+  static final class Layout {
+    final int value;
+    final boolean valueIsBinary;
+    final int key;
+    final boolean keyIsBinary;
+    final int headers;
+    final int partition;
+    final int sourceTopic;
+    final int sourcePartition;
+    final int sourceOffset;
+
+    Layout(StructType schema) {
+      value = schema.fieldIndex("value");
+      valueIsBinary = schema.fields()[value].dataType() instanceof BinaryType;
+      key = index(schema, "key");
+      keyIsBinary = key >= 0 && schema.fields()[key].dataType() instanceof BinaryType;
+      headers = index(schema, "headers");
+      partition = index(schema, "partition");
+      sourceTopic = index(schema, SOURCE_TOPIC);
+      sourcePartition = schema.fieldIndex(SOURCE_PARTITION);
+      sourceOffset = schema.fieldIndex(SOURCE_OFFSET);
+    }
+
+    static int index(StructType schema, String name) {
+      return schema.getFieldIndex(name).isDefined() ? schema.fieldIndex(name) : -1;
+    }
+
+    byte[] bytes(InternalRow row, int column, boolean binary) {
+      if (column < 0 || row.isNullAt(column)) {
+        return null;
+      }
+      return binary ? row.getBinary(column) : row.getUTF8String(column).getBytes();
+    }
+
+    ProducerRecord<byte[], byte[]> record(String topic, InternalRow row) {
+      Integer target = partition >= 0 && !row.isNullAt(partition) ? row.getInt(partition) : null;
+      List<Header> list = null;
+      if (headers >= 0 && !row.isNullAt(headers)) {
+        ArrayData array = row.getArray(headers);
+        list = new ArrayList<>(array.numElements());
+        for (int i = 0; i < array.numElements(); i++) {
+          InternalRow header = array.getStruct(i, 2);
+          byte[] headerValue = header.isNullAt(1) ? null : header.getBinary(1);
+          list.add(new RecordHeader(header.getUTF8String(0).toString(), headerValue));
+        }
+      }
+      return new ProducerRecord<>(
+          topic, target, bytes(row, key, keyIsBinary), bytes(row, value, valueIsBinary), list);
+    }
+
+    String topicOf(InternalRow row, String only) {
+      return sourceTopic >= 0 ? row.getUTF8String(sourceTopic).toString() : only;
+    }
+  }
+
+  /** The batch's end offsets and marker, from the task's local properties. */
+  static final class Batch {
+    final Map<TopicPartition, Long> end = new HashMap<>();
+    final String marker;
+    final String topic;
+
+    Batch(String value, String sparkBatch) throws Exception {
+      if (value == null || value.isEmpty()) {
+        throw new TaskFailure(
+            "PipelineFailed",
+            "a partitioned task found no " + BATCH_PROPERTY + " property: it runs outside the"
+                + " batch job that the partitioned sink starts",
+            null);
+      }
+      JsonNode node = JSON.readTree(value);
+      marker = node.get("marker").asText();
+      String named = marker.substring(marker.lastIndexOf(':') + 1);
+      if (sparkBatch != null && !named.equals(sparkBatch)) {
+        throw new TaskFailure(
+            "PipelineFailed",
+            "a partitioned task of batch " + sparkBatch + " was given the offsets of batch "
+                + named + ": nothing is committed",
+            null);
+      }
+      String one = null;
+      for (JsonNode entry : node.get("end")) {
+        TopicPartition tp = new TopicPartition(entry.get(0).asText(), entry.get(1).asInt());
+        end.put(tp, entry.get(2).asLong());
+        one = one == null || one.equals(tp.topic()) ? tp.topic() : "";
+      }
+      topic = one == null || one.isEmpty() ? null : one;
+    }
+  }
+
+  /**
+   * Run the batch's tasks over ``df`` (the output columns plus the provenance columns); return
+   * one outcome (JSON) per task that saw rows. The caller sets BATCH_PROPERTY around the call.
+   */
+  public static List<String> write(Dataset<Row> df, String settingsJson) {
+    StructType schema = df.schema();
+    new Layout(schema); // fails here, on the driver, if a provenance column is missing
+    FlatMapFunction<Iterator<InternalRow>, String> task =
+        rows -> {
+          if (!rows.hasNext()) {
+            return Collections.emptyIterator(); // the driver advances G for this partition
+          }
+          TaskContext context = TaskContext.get();
+          Batch batch =
+              new Batch(
+                  context.getLocalProperty(BATCH_PROPERTY),
+                  context.getLocalProperty(SPARK_BATCH_PROPERTY));
+          Settings settings = new Settings(JSON.readTree(settingsJson));
+          return Collections.singletonList(
+                  commit(settings, batch, new Layout(schema), rows))
+              .iterator();
+        };
+    return df.queryExecution().toRdd().toJavaRDD().mapPartitions(task).collect();
+  }
+
+  /** The offsets-only transaction for a partition no task reported on (called on the driver). */
+  public static String advance(String settingsJson, String batchJson, String topic, int partition)
+      throws Exception {
+    Settings settings = new Settings(JSON.readTree(settingsJson));
+    Batch batch = new Batch(batchJson, null);
+    return transact(settings, batch, new TopicPartition(topic, partition), null, null);
+  }
+
+  static String commit(Settings settings, Batch batch, Layout layout, Iterator<InternalRow> rows)
+      throws Exception {
+    InternalRow first = rows.next().copy(); // rows may be reused by the iterator
+    String topic = layout.topicOf(first, batch.topic);
+    TopicPartition tp = new TopicPartition(topic, first.getInt(layout.sourcePartition));
+    if (!batch.end.containsKey(tp)) {
+      throw new TaskFailure(
+          "PipelineFailed", "rows of " + tp + " are not in this batch's offsets " + batch.end, null);
+    }
+    return transact(settings, batch, tp, layout, new Rows(first, rows));
+  }
+
+  /** The task's rows: the first one (already read) and the rest. */
+  static final class Rows {
+    InternalRow first;
+    final Iterator<InternalRow> rest;
+
+    Rows(InternalRow first, Iterator<InternalRow> rest) {
+      this.first = first;
+      this.rest = rest;
+    }
+
+    InternalRow next() {
+      if (first != null) {
+        InternalRow row = first;
+        first = null;
+        return row;
+      }
+      return rest.hasNext() ? rest.next() : null;
+    }
+  }
+
+  static String transact(
+      Settings settings, Batch batch, TopicPartition tp, Layout layout, Rows rows)
+      throws Exception {
+    long until = batch.end.get(tp);
+    String id = settings.transactionalId(tp.topic(), tp.partition());
+    Slot slot = SLOTS.computeIfAbsent(id, k -> new Slot());
+    int fenced = 0;
+    synchronized (slot) {
+      for (int attempt = 0; attempt < ATTEMPTS; attempt++) {
+        Held held = held(slot, settings, id, attempt > 0);
+        Long known = held.known.remove(settings.run); // put back only by a commit or a skip
+        long committed = known != null ? known : committed(settings, tp);
+        if (committed >= until) {
+          held.known.put(settings.run, committed);
+          drain(rows);
+          return outcome(tp, "skipped", 0, 0.0, fenced);
+        }
+        long started = System.nanoTime();
+        KafkaProducer<byte[], byte[]> producer = held.producer;
+        try {
+          producer.beginTransaction();
+          // Offsets first: a producer fenced since its last use fails here, before any row.
+          producer.sendOffsetsToTransaction(
+              Collections.singletonMap(tp, new OffsetAndMetadata(until, batch.marker)),
+              new ConsumerGroupMetadata(settings.group));
+        } catch (ProducerFencedException | InvalidProducerEpochException e) {
+          // Another holder took the id over. Within one run, that is another runner; a
+          // producer left from an earlier run was fenced by this run's own take-over.
+          if (held.lastRun.equals(settings.run)) {
+            fenced++;
+          }
+          discard(slot);
+          continue;
+        } catch (RuntimeException e) {
+          abort(slot, held);
+          throw failure(e, "adding the offsets of " + tp + " to the transaction of " + id);
+        }
+        long out = 0;
+        try {
+          out = send(producer, settings.topic, layout, rows, tp, committed);
+          producer.commitTransaction();
+        } catch (RuntimeException e) {
+          abort(slot, held);
+          throw failure(e, "the transaction of " + id);
+        }
+        held.lastRun = settings.run;
+        held.known.put(settings.run, until);
+        double ms = (System.nanoTime() - started) / 1e6;
+        return outcome(tp, "committed", out, ms, fenced);
+      }
+    }
+    throw new TaskFailure(
+        "ProducerFenced",
+        "transactional id '" + id + "' keeps being fenced: another runner of this pipeline is"
+            + " writing",
+        null);
+  }
+
+  static long send(
+      KafkaProducer<byte[], byte[]> producer,
+      String topic,
+      Layout layout,
+      Rows rows,
+      TopicPartition tp,
+      long committed) {
+    if (rows == null) {
+      return 0;
+    }
+    long out = 0;
+    for (InternalRow row = rows.next(); row != null; row = rows.next()) {
+      if (row.getInt(layout.sourcePartition) != tp.partition()
+          || !layout.topicOf(row, tp.topic()).equals(tp.topic())) {
+        throw new TaskFailure(
+            "PipelineFailed",
+            "partitioned commit mode needs one source partition per Spark task, but a task got"
+                + " rows of " + tp + " and of " + layout.topicOf(row, tp.topic()) + "-"
+                + row.getInt(layout.sourcePartition)
+                + "; use commitMode coordinated for this query",
+            null);
+      }
+      if (row.getLong(layout.sourceOffset) >= committed) {
+        producer.send(layout.record(topic, row));
+        out++;
+      }
+    }
+    return out;
+  }
+
+  static void drain(Rows rows) {
+    if (rows != null) {
+      while (rows.next() != null) {
+        // a replay: the rows are visible already
+      }
+    }
+  }
+
+  static Held held(Slot slot, Settings settings, String id, boolean fresh) {
+    if (fresh && slot.held != null) {
+      discard(slot);
+    }
+    if (slot.held == null) {
+      Properties props = new Properties();
+      props.putAll(settings.producer);
+      props.put("transactional.id", id);
+      KafkaProducer<byte[], byte[]> producer =
+          new KafkaProducer<>(props, new ByteArraySerializer(), new ByteArraySerializer());
+      try {
+        producer.initTransactions(); // fences every older holder, aborts what it left open
+      } catch (RuntimeException e) {
+        producer.close(Duration.ZERO);
+        throw failure(e, "taking transactional id " + id + " over");
+      }
+      slot.held = new Held(producer);
+    }
+    return slot.held;
+  }
+
+  static void discard(Slot slot) {
+    if (slot.held != null) {
+      slot.held.producer.close(Duration.ZERO);
+      slot.held = null;
+    }
+  }
+
+  static void abort(Slot slot, Held held) {
+    try {
+      held.producer.abortTransaction();
+    } catch (RuntimeException e) {
+      discard(slot); // a fatal error: the next use builds a new producer (and fences this one)
+    }
+  }
+
+  /** G's stable committed offset for ``tp`` (-1 if none), read with read_committed. */
+  static long committed(Settings settings, TopicPartition tp) {
+    String key = settings.group + "\u0000" + settings.reader;
+    synchronized (READERS) {
+      KafkaConsumer<byte[], byte[]> reader = READERS.get(key);
+      if (reader == null) {
+        Properties props = new Properties();
+        props.putAll(settings.reader);
+        props.put("group.id", settings.group);
+        props.put("isolation.level", "read_committed");
+        props.put("enable.auto.commit", "false");
+        reader =
+            new KafkaConsumer<>(props, new ByteArrayDeserializer(), new ByteArrayDeserializer());
+        READERS.put(key, reader);
+      }
+      try {
+        OffsetAndMetadata offset = reader.committed(Collections.singleton(tp)).get(tp);
+        return offset == null ? -1 : offset.offset();
+      } catch (RuntimeException e) {
+        reader.close(Duration.ZERO);
+        READERS.remove(key);
+        throw failure(e, "reading progress group " + settings.group + " for " + tp);
+      }
+    }
+  }
+
+  static TaskFailure failure(RuntimeException e, String what) {
+    if (e instanceof TaskFailure) {
+      return (TaskFailure) e;
+    }
+    String reason = what + ": " + e.getClass().getSimpleName() + ": " + e.getMessage();
+    boolean fatal =
+        e instanceof AuthorizationException
+            || e instanceof AuthenticationException
+            || e instanceof UnsupportedVersionException
+            || !(e instanceof KafkaException);
+    return new TaskFailure(fatal ? "PipelineFailed" : "SinkRetryable", reason, e);
+  }
+
+  static String outcome(TopicPartition tp, String status, long rows, double ms, int fenced) {
+    ObjectNode node = JSON.createObjectNode();
+    node.put("topic", tp.topic());
+    node.put("partition", tp.partition());
+    node.put("status", status);
+    node.put("rows_out", rows);
+    node.put("txn_ms", ms);
+    node.put("fenced", fenced);
+    node.put("aborted", 0);
+    return node.toString();
+  }
+}

@@ -1,0 +1,167 @@
+"""The partitioned sink's JVM task (jvm/PartitionedWriter.java) on the real broker and Spark.
+
+The runner-level tests (test_runner_modes, test_recovery, test_chaos) run the
+partitioned mode through it end to end; these call it directly, for what a
+runner cannot easily provoke: a job without the batch's offsets, a job given
+another batch's, and which sink settings keep the tasks in Python.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devenv.kafka import KafkaBroker
+from eop_spark import jvm_writer
+from eop_spark.errors import PipelineFailed, from_failure
+from eop_spark.offsets import batch_marker
+from eop_spark.progress import ProgressGroup
+from eop_spark.sink_partitioned import BATCH_PROPERTY, SPARK_BATCH_PROPERTY, encode_batch
+from tests.plugins.kafka import TopicFactory
+from tests.spark_apps.harness import client_config, read_committed
+from tests.spark_apps.test_client_config import make_config
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+ROWS = "value binary, __eop_src_partition int, __eop_src_offset long"
+
+
+@pytest.fixture(scope="module")
+def spark(spark_jars: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A local session with the connector jars and the JVM writer."""
+    from eop_spark.session import build_session
+
+    session = build_session(
+        make_config(checkpointRoot=str(tmp_path_factory.mktemp("ckpt"))), spark_jars
+    )
+    yield session
+    session.stop()
+
+
+def writer(spark: Any) -> Any:
+    """The writer class through py4j."""
+    found = spark.sparkContext._jvm
+    for name in jvm_writer.CLASS.split("."):
+        found = getattr(found, name)
+    return found
+
+
+def write(spark: Any, rows: list[tuple[bytes, int, int]], conf: str, **props: str) -> list[Any]:
+    """Run the writer's job over ``rows`` with the local properties ``props``; its outcomes."""
+    context = spark.sparkContext
+    for key, value in props.items():
+        context.setLocalProperty(key, value)
+    try:
+        df = spark.createDataFrame(rows, ROWS).repartition(1)
+        return [json.loads(o) for o in writer(spark).write(df._jdf, conf)]
+    finally:
+        for key in props:
+            context.setLocalProperty(key, None)
+
+
+@dataclass(frozen=True)
+class Pipe:
+    """A source partition 0 of ``source``, a sink topic and a progress group G."""
+
+    broker: KafkaBroker
+    source: str
+    sink: str
+    group: str
+
+    def settings(self, run: str = "run") -> str:
+        """The settings JSON the partitioned sink gives the writer."""
+        conf = {"bootstrap.servers": self.broker.bootstrap_servers}
+        producer = {**jvm_writer.PRODUCER_DEFAULTS, **conf, "enable.idempotence": "true"}
+        return json.dumps(
+            {
+                "topic": self.sink,
+                "prefix": self.group,
+                "group": self.group,
+                "run": run,
+                "producer": producer,
+                "reader": conf,
+            }
+        )
+
+    def batch(self, until: int, batch_id: int) -> str:
+        """The BATCH_PROPERTY value of batch ``batch_id`` ending at ``until``."""
+        return encode_batch({(self.source, 0): until}, batch_marker("q", batch_id))
+
+    def output(self) -> list[bytes]:
+        """The values a read_committed reader sees, sorted."""
+        return sorted(v or b"" for _, v in read_committed(self.broker, self.sink))
+
+    def progress(self) -> dict[Any, int]:
+        """G's committed offsets for the source partition."""
+        group = ProgressGroup(self.group, client_config(self.broker))
+        try:
+            return group.committed([(self.source, 0)])
+        finally:
+            group.close()
+
+
+@pytest.fixture
+def pipe(kafka_broker: KafkaBroker, kafka_topic_factory: TopicFactory) -> Pipe:
+    """Fresh topics and group on the session broker."""
+    source, sink = kafka_topic_factory(1, prefix="in"), kafka_topic_factory(1, prefix="out")
+    return Pipe(kafka_broker, source, sink, f"eop.test.{uuid.uuid4().hex[:8]}")
+
+
+def test_a_task_refuses_without_its_batch_or_with_another_batchs_offsets(
+    spark: Any, pipe: Pipe
+) -> None:
+    rows = [(b"a", 0, 0), (b"b", 0, 1)]
+
+    with pytest.raises(Exception) as missing:
+        write(spark, rows, pipe.settings())
+    with pytest.raises(Exception) as other:
+        write(
+            spark,
+            rows,
+            pipe.settings(),
+            **{BATCH_PROPERTY: pipe.batch(2, 3), SPARK_BATCH_PROPERTY: "7"},
+        )
+
+    assert isinstance(from_failure(missing.value), PipelineFailed)
+    assert BATCH_PROPERTY in str(from_failure(missing.value))
+    assert "batch 7 was given the offsets of batch 3" in str(from_failure(other.value))
+    assert pipe.output() == []
+    assert pipe.progress() == {}
+
+
+def test_a_batch_commits_once_and_its_replay_is_skipped(spark: Any, pipe: Pipe) -> None:
+    rows = [(f"v{o}".encode(), 0, o) for o in range(5)]
+    batch = {BATCH_PROPERTY: pipe.batch(5, 0)}
+
+    first = write(spark, rows, pipe.settings(), **batch)
+    again = write(spark, rows, pipe.settings(), **batch)
+    # A new run (a restart) knows nothing and reads G: still a replay.
+    restarted = write(spark, rows, pipe.settings(run="other"), **batch)
+
+    assert [(o["status"], o["rows_out"], o["fenced"]) for o in first] == [("committed", 5, 0)]
+    assert [o["status"] for o in again + restarted] == ["skipped", "skipped"]
+    assert pipe.output() == [f"v{o}".encode() for o in range(5)]
+    assert pipe.progress() == {(pipe.source, 0): 5}
+
+
+def test_librdkafka_only_security_settings_keep_the_tasks_in_python(spark: Any) -> None:
+    shared = {"bootstrap.servers": "b:9092", "security.protocol": "SASL_SSL", "linger.ms": "5"}
+    java = jvm_writer.java_settings(spark, shared, 60_000)
+    assert java is not None
+    producer, reader = java
+    assert producer["security.protocol"] == reader["security.protocol"] == "SASL_SSL"
+    assert producer["linger.ms"] == "5"  # the user's, over eop's default
+    assert producer["transaction.timeout.ms"] == "60000"
+    assert "linger.ms" not in reader  # a producer setting only
+
+    # librdkafka's SASL user name has no Java client property: the Java client would
+    # connect without credentials, so the tasks keep the librdkafka producers.
+    assert jvm_writer.java_settings(spark, {**shared, "sasl.username": "u"}, 60_000) is None
+    # A librdkafka tuning knob the Java client lacks is only left out.
+    assert jvm_writer.java_settings(spark, {**shared, "queue.buffering.max.ms": "5"}, 1) is not None
