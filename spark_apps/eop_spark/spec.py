@@ -240,7 +240,12 @@ class KafkaSink(SpecModel):
         default="60s", description="Kafka transaction.timeout.ms of the sink producers."
     )
     options: dict[str, str] = Field(
-        default_factory=dict, description="Extra Kafka producer properties."
+        default_factory=dict,
+        description=(
+            "Extra Kafka producer properties, librdkafka's names. Partitioned mode's tasks use "
+            "the Java producer with the names both clients share; a SASL/SSL property only "
+            "librdkafka knows keeps them on librdkafka."
+        ),
     )
     secret_ref: SecretRef | None = Field(
         default=None, description="Secret with SASL/TLS client properties for the sink."
