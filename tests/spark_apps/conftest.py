@@ -11,6 +11,7 @@ import pytest
 
 from devenv.kafka import KafkaBroker, spark_kafka_jars
 from eop_spark.class_archive import ensure_archive
+from eop_spark.jvm_writer import writer_jars
 from tests.plugins.kafka import TopicFactory
 from tests.spark_apps.harness import Pipeline
 
@@ -21,10 +22,12 @@ PipelineFactory = Callable[..., Pipeline]
 def spark_jars() -> list[Path]:
     """The Spark Kafka connector jars, fetched into the cache where the runner looks.
 
-    Also builds the JVM class archive runners map (once per cache; it saves each
-    runner start seconds, see eop_spark.class_archive).
+    Also builds partitioned mode's JVM writer, and the JVM class archive runners
+    map (once per cache; it saves each runner start seconds, see
+    eop_spark.class_archive).
     """
     jars = spark_kafka_jars()
+    writer_jars(jars)  # built now, not in the first runner a test times
     try:
         ensure_archive()
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:  # only an optimisation

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,3 +166,24 @@ def test_librdkafka_only_security_settings_keep_the_tasks_in_python(spark: Any) 
     assert jvm_writer.java_settings(spark, {**shared, "sasl.username": "u"}, 60_000) is None
     # A librdkafka tuning knob the Java client lacks is only left out.
     assert jvm_writer.java_settings(spark, {**shared, "queue.buffering.max.ms": "5"}, 1) is not None
+
+
+def test_the_writer_is_built_once_per_source_and_skipped_without_a_jdk(
+    spark_jars: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EOP_CACHE", str(tmp_path / "cache"))
+    built = jvm_writer.writer_jars(spark_jars)
+    assert [j.name for j in built] == [jvm_writer.jar_name()]
+    with zipfile.ZipFile(built[0]) as jar:
+        assert "io/exactlyonce/eop/PartitionedWriter.class" in jar.namelist()
+    stamp = built[0].stat().st_mtime_ns
+
+    monkeypatch.setenv("PATH", str(tmp_path / "no-jdk"))  # found, not built again
+    assert jvm_writer.writer_jars(spark_jars) == built
+    assert built[0].stat().st_mtime_ns == stamp
+
+    monkeypatch.setenv("EOP_CACHE", str(tmp_path / "empty"))  # neither jar nor javac
+    assert jvm_writer.writer_jars(spark_jars) == []
+    monkeypatch.setenv(jvm_writer.NO_JVM_WRITER_ENV, "1")
+    monkeypatch.setenv("EOP_CACHE", str(tmp_path / "cache"))
+    assert jvm_writer.writer_jars(spark_jars) == []
