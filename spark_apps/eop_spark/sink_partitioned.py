@@ -28,6 +28,11 @@ partition, and partitions with an empty range get no task at all: after the
 job the driver runs the same steps, with the same transactional id and no
 rows, for every partition no task reported on.  So after every completed
 batch G equals the batch's end offsets (invariant 5).
+
+The tasks run these steps in the executor's JVM with the Java producer
+(``jvm/PartitionedWriter.java``, see :mod:`eop_spark.jvm_writer`) where the
+sink's settings allow; otherwise in Spark's Python workers, with the
+librdkafka producers of :func:`commit_partition`.
 """
 
 from __future__ import annotations
@@ -389,6 +394,7 @@ class PartitionedSink:
         self._jobs: dict[tuple[str, ...], tuple[Any, Any]] = {}
         #: The JVM writer's settings (JSON), once the first batch decided; "" = Python tasks.
         self._jvm_settings: str | None = None
+        self._writer: Any = None
 
     def __call__(self, df: DataFrame, batch_id: int) -> BatchResult:
         """Commit batch ``batch_id`` (the foreachBatch body)."""
@@ -418,35 +424,38 @@ class PartitionedSink:
         return result
 
     def _jvm_writer(self, spark: SparkSession) -> Any:
-        """The JVM writer class, with its settings in ``self._jvm_settings``; None: Python."""
+        """The JVM writer class, decided at the first batch; None: the tasks run in Python."""
+        if self._jvm_settings is None:
+            self._jvm_settings = self._decide_jvm_settings(spark)
+            where = "the executors' JVM" if self._jvm_settings else "Python workers"
+            log.info("partitioned sink: tasks commit in %s", where)
+        return self._writer if self._jvm_settings else None
+
+    def _decide_jvm_settings(self, spark: SparkSession) -> str:
+        """The JVM writer's settings (JSON), or "" when the tasks stay in Python."""
         from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
 
-        writer = spark.sparkContext._jvm
+        writer = spark.sparkContext._jvm  # each name is a py4j round trip: looked up once
         for name in jvm_writer.CLASS.split("."):
             writer = getattr(writer, name)
-        if self._jvm_settings is None:
-            java = None
-            wanted = os.environ.get(jvm_writer.NO_JVM_WRITER_ENV) != "1"
-            if wanted and isinstance(writer, JavaClass):
-                java = jvm_writer.java_settings(
-                    spark, self.sink.client_config, duration_ms(self.sink.transaction_timeout)
-                )
-            self._jvm_settings = ""
-            if java is not None:
-                producer, reader = java
-                self._jvm_settings = json.dumps(
-                    {
-                        "topic": self.sink.topic,
-                        "prefix": self.sink.transactional_id_prefix,
-                        "group": self.sink.group,
-                        "run": self._function.run,
-                        "producer": producer,
-                        "reader": reader,
-                    }
-                )
-            where = "the executors' JVM" if java is not None else "Python workers"
-            log.info("partitioned sink: tasks commit in %s", where)
-        return writer if self._jvm_settings else None
+        self._writer = writer
+        if os.environ.get(jvm_writer.NO_JVM_WRITER_ENV) == "1" or not isinstance(writer, JavaClass):
+            return ""
+        timeout = duration_ms(self.sink.transaction_timeout)
+        java = jvm_writer.java_settings(spark, self.sink.client_config, timeout)
+        if java is None:
+            return ""
+        producer, reader = java
+        return json.dumps(
+            {
+                "topic": self.sink.topic,
+                "prefix": self.sink.transactional_id_prefix,
+                "group": self.sink.group,
+                "run": self._function.run,
+                "producer": producer,
+                "reader": reader,
+            }
+        )
 
     def _run_jvm_tasks(self, df: DataFrame, task: PartitionTask, writer: Any) -> list[Any]:
         """Run the batch's tasks in the JVM writer; return their outcomes."""

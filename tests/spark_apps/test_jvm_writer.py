@@ -98,6 +98,14 @@ class Pipe:
         """The values a read_committed reader sees, sorted."""
         return sorted(v or b"" for _, v in read_committed(self.broker, self.sink))
 
+    def markers(self, reads: int) -> list[dict[Any, str]]:
+        """G's commit metadata for the source partition, read ``reads`` times."""
+        group = ProgressGroup(self.group, client_config(self.broker))
+        try:
+            return [group.read([(self.source, 0)]).metadata for _ in range(reads)]
+        finally:
+            group.close()
+
     def progress(self) -> dict[Any, int]:
         """G's committed offsets for the source partition."""
         group = ProgressGroup(self.group, client_config(self.broker))
@@ -149,6 +157,11 @@ def test_a_batch_commits_once_and_its_replay_is_skipped(spark: Any, pipe: Pipe) 
     assert [o["status"] for o in again + restarted] == ["skipped", "skipped"]
     assert pipe.output() == [f"v{o}".encode() for o in range(5)]
     assert pipe.progress() == {(pipe.source, 0): 5}
+    # The batch marker reads back exactly, as the runner reads it at every start. (Written
+    # without a C string's NUL, confluent-kafka read on into whatever memory followed, and
+    # a runner's start failed once in CI; that overread depends on the heap, so this
+    # pins the format: the same bytes the librdkafka producers write.)
+    assert pipe.markers(20) == [{(pipe.source, 0): batch_marker("q", 0)}] * 20
 
 
 def test_librdkafka_only_security_settings_keep_the_tasks_in_python(spark: Any) -> None:

@@ -301,8 +301,12 @@ public final class PartitionedWriter {
         try {
           producer.beginTransaction();
           // Offsets first: a producer fenced since its last use fails here, before any row.
+          // The marker ends with a NUL byte, as confluent-kafka writes it (the librdkafka
+          // producers of the Python path and the driver): confluent-kafka 2.16 reads a commit's
+          // metadata as a C string, so metadata without one is read on into whatever memory
+          // follows (seen: a runner's start failed decoding it as UTF-8).
           producer.sendOffsetsToTransaction(
-              Collections.singletonMap(tp, new OffsetAndMetadata(until, batch.marker)),
+              Collections.singletonMap(tp, new OffsetAndMetadata(until, batch.marker + "\0")),
               new ConsumerGroupMetadata(settings.group));
         } catch (ProducerFencedException | InvalidProducerEpochException e) {
           // Another holder took the id over. Within one run, that is another runner; a
