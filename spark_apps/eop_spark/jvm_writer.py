@@ -18,6 +18,7 @@ partitioned sink keeps its Python tasks.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -37,15 +38,25 @@ CLASS = "io.exactlyonce.eop.PartitionedWriter"
 #: Set to 1 to keep the partitioned sink's tasks in Python workers.
 NO_JVM_WRITER_ENV = "EOP_NO_JVM_WRITER"
 
-#: The Java producer's own defaults eop changes (user options override them).
-PRODUCER_DEFAULTS = {
-    # As the librdkafka producers' (eop_spark.client_config.producer_config).
-    "linger.ms": "200",
-    "batch.size": "1000000",
-    # A new producer's first sendOffsetsToTransaction looks the group coordinator up and
-    # waited out one retry backoff: ~104 ms with the default 100 ms, ~12 ms with 10.
-    "retry.backoff.ms": "10",
-}
+
+def producer_defaults() -> dict[str, str]:
+    """The Java producer's own defaults eop changes (user options override them).
+
+    The batching of the librdkafka producers (``client_config.producer_config``),
+    and a shorter retry backoff: a new producer's first sendOffsetsToTransaction
+    looks the group coordinator up and waited out one backoff, ~104 ms with the
+    default 100 ms, ~12 ms with 10.
+    """
+    # Imported here: the image's jar stage runs this file alone, without eop_spark.
+    from eop_spark.client_config import producer_config
+
+    batching = producer_config({}, "-", "60s")
+    return {
+        **{key: str(batching[key]) for key in ("linger.ms", "batch.size")},
+        "retry.backoff.ms": "10",
+    }
+
+
 #: Properties that carry credentials or transport security: a librdkafka name among them that
 #: the Java client does not know means the Java client would connect without them.
 SECURITY_PREFIXES = ("sasl.", "ssl.", "security.")
@@ -133,7 +144,7 @@ def java_settings(
     kafka = spark.sparkContext._jvm.org.apache.kafka.clients
     producer_names = set(kafka.producer.ProducerConfig.configNames())
     reader_names = set(kafka.consumer.ConsumerConfig.configNames())
-    producer = dict(PRODUCER_DEFAULTS)
+    producer = producer_defaults()
     reader: dict[str, str] = {}
     for name, value in client_config.items():
         known = False
@@ -155,6 +166,22 @@ def java_settings(
         "transaction.timeout.ms": str(transaction_timeout_ms),
     }
     return producer, reader
+
+
+def writer_settings(
+    topic: str, prefix: str, group: str, run: str, producer: dict[str, str], reader: dict[str, str]
+) -> str:
+    """The settings JSON ``PartitionedWriter`` reads (its ``Settings`` class)."""
+    return json.dumps(
+        {
+            "topic": topic,
+            "prefix": prefix,
+            "group": group,
+            "run": run,
+            "producer": producer,
+            "reader": reader,
+        }
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,7 @@ librdkafka producers of :func:`commit_partition`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -391,7 +392,9 @@ class PartitionedSink:
         self.before_batch = before_batch
         self._function = TaskFunction(sink, layout, uuid.uuid4().hex)
         self._udf: Any = None
-        self._jobs: dict[tuple[str, ...], tuple[Any, Any]] = {}
+        #: Per set of column names: the columns and their Java sequence; the task function.
+        self._jobs: dict[tuple[str, ...], tuple[list[Any], Any]] = {}
+        self._functions: dict[tuple[str, ...], Any] = {}
         #: The JVM writer's settings (JSON), once the first batch decided; "" = Python tasks.
         self._jvm_settings: str | None = None
         self._writer: Any = None
@@ -445,28 +448,18 @@ class PartitionedSink:
         java = jvm_writer.java_settings(spark, self.sink.client_config, timeout)
         if java is None:
             return ""
-        producer, reader = java
-        return json.dumps(
-            {
-                "topic": self.sink.topic,
-                "prefix": self.sink.transactional_id_prefix,
-                "group": self.sink.group,
-                "run": self._function.run,
-                "producer": producer,
-                "reader": reader,
-            }
+        sink = self.sink
+        return jvm_writer.writer_settings(
+            sink.topic, sink.transactional_id_prefix, sink.group, self._function.run, *java
         )
 
     def _run_jvm_tasks(self, df: DataFrame, task: PartitionTask, writer: Any) -> list[Any]:
         """Run the batch's tasks in the JVM writer; return their outcomes."""
-        columns = [*self.layout.columns(), *task.provenance()]
-        jsc = df.sparkSession.sparkContext._jsc
-        jsc.setLocalProperty(BATCH_PROPERTY, encode_batch(task.end_offsets, task.marker))
-        try:
-            jdf = df.select(*columns)._jdf
-            return [json.loads(o) for o in writer.write(jdf, self._jvm_settings)]
-        finally:
-            jsc.setLocalProperty(BATCH_PROPERTY, None)
+        _, _, jcolumns = self._columns(df, task)
+        with _batch_property(df, task):
+            return [
+                json.loads(o) for o in writer.write(df._jdf.select(jcolumns), self._jvm_settings)
+            ]
 
     def _run_tasks(self, df: DataFrame, task: PartitionTask) -> list[Any]:
         """Run ``write_partition`` on the batch's rows; return the tasks' outcome rows.
@@ -478,9 +471,6 @@ class PartitionedSink:
         Rebuilding them took ~60 py4j round trips, ~40-60 ms per batch on 2 cores,
         while no task runs.
         """
-        from pyspark.sql import functions as F
-
-        columns = (*self.layout.columns(), *task.provenance())
         if self._udf is None:
             from pyspark.sql.pandas.functions import pandas_udf
             from pyspark.util import PythonEvalType
@@ -490,21 +480,31 @@ class PartitionedSink:
                 returnType=STATS_SCHEMA,
                 functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF,
             )
-        if columns not in self._jobs:
-            selected = [F.col(name) for name in columns]
+        names, selected, jcolumns = self._columns(df, task)
+        if names not in self._functions:
+            self._functions[names] = self._udf(*selected)._jc
+        with _batch_property(df, task):
+            # What DataFrame.mapInArrow does, with the function column built above.
+            jdf = df._jdf.select(jcolumns).mapInArrow(self._functions[names], False, None)
+            return list(type(df)(jdf, df.sparkSession).collect())
+
+    def _columns(
+        self, df: DataFrame, task: PartitionTask
+    ) -> tuple[tuple[str, ...], list[Any], Any]:
+        """The names of the columns the tasks read, the columns, their Java sequence.
+
+        Built once per set of names: unresolved names, which every batch's plan resolves.
+        """
+        from pyspark.sql import functions as F
+
+        names = (*self.layout.columns(), *task.provenance())
+        if names not in self._jobs:
+            selected = [F.col(name) for name in names]
             jcolumns = df.sparkSession.sparkContext._jvm.PythonUtils.toSeq(  # type: ignore[union-attr]
                 [c._jc for c in selected]
             )
-            self._jobs[columns] = (jcolumns, self._udf(*selected)._jc)
-        jcolumns, jfunction = self._jobs[columns]
-        jsc = df.sparkSession.sparkContext._jsc
-        jsc.setLocalProperty(BATCH_PROPERTY, encode_batch(task.end_offsets, task.marker))
-        try:
-            # What DataFrame.mapInArrow does, with the function column built above.
-            jdf = df._jdf.select(jcolumns).mapInArrow(jfunction, False, None)
-            return list(type(df)(jdf, df.sparkSession).collect())
-        finally:
-            jsc.setLocalProperty(BATCH_PROPERTY, None)
+            self._jobs[names] = (selected, jcolumns)
+        return (names, *self._jobs[names])
 
     def _advance_the_rest(
         self, task: PartitionTask, outcomes: Sequence[PartitionOutcome], writer: Any
@@ -526,6 +526,17 @@ class PartitionedSink:
             PartitionOutcome(**json.loads(writer.advance(self._jvm_settings, batch, t, p)))
             for t, p in rest
         ]
+
+
+@contextlib.contextmanager
+def _batch_property(df: DataFrame, task: PartitionTask) -> Iterator[None]:
+    """Give the jobs started inside the block the batch's :data:`BATCH_PROPERTY`."""
+    jsc = df.sparkSession.sparkContext._jsc
+    jsc.setLocalProperty(BATCH_PROPERTY, encode_batch(task.end_offsets, task.marker))
+    try:
+        yield
+    finally:
+        jsc.setLocalProperty(BATCH_PROPERTY, None)
 
 
 def summarize(batch_id: int, end: Offsets, outcomes: Sequence[PartitionOutcome]) -> BatchResult:

@@ -78,17 +78,8 @@ class Pipe:
     def settings(self, run: str = "run") -> str:
         """The settings JSON the partitioned sink gives the writer."""
         conf = {"bootstrap.servers": self.broker.bootstrap_servers}
-        producer = {**jvm_writer.PRODUCER_DEFAULTS, **conf, "enable.idempotence": "true"}
-        return json.dumps(
-            {
-                "topic": self.sink,
-                "prefix": self.group,
-                "group": self.group,
-                "run": run,
-                "producer": producer,
-                "reader": conf,
-            }
-        )
+        producer = {**jvm_writer.producer_defaults(), **conf, "enable.idempotence": "true"}
+        return jvm_writer.writer_settings(self.sink, self.group, self.group, run, producer, conf)
 
     def batch(self, until: int, batch_id: int) -> str:
         """The BATCH_PROPERTY value of batch ``batch_id`` ending at ``until``."""
