@@ -16,37 +16,37 @@ on 4 partitions), read with ``read_committed`` and written to a fresh topic by:
       JVM since 2026-11-25 (:mod:`eop_spark.jvm_writer`), so b/e compares two
       paths now, not exactly-once alone.
 
-(a)-(c) and (e) run in one SparkSession (each first copies N 100-byte records twice, in 40
-batches each, and then each size's input once, unmeasured, so the JIT of Spark's JVM
-and of the broker has compiled what the measured rounds run), availableNow, N/4
-offsets per batch, the same producer batching (eop's defaults: linger.ms,
-batch.size).  Two figures each: N divided by the query's wall time (start-up
-included: eop plans the query and takes its transactional ids over before Spark
-starts it), and N divided by the time of the batches themselves (the sum of Spark's
-``triggerExecution`` over the batches that read rows: the rate a running
-pipeline sustains; the same measure for every contender).  Each of (a)-(c), (e)
-runs ``--rounds`` times, in a rotating order, and keeps its best round: on a
-shared machine that filters out the moments another process took the CPU, the
-same way for every contender (the targets were first read from these; the paired
-table below is the stricter reading, and a target holds only if both say so).  A third
-table gives each contender's median round, to show how much a single lucky round moves
-the best-of figures.  A fourth pairs the contenders round by round: the median over rounds of
-b/a measured within one round, seconds apart.  On a machine whose speed wanders (one
-host here ran the same contender at up to twice the rate from one round to the next)
-the best round is whichever contender got lucky, and pairing cancels what the rounds
-share.  Eight rounds by default: with four contenders in a rotating order, each runs
-first, second, third and last twice.  For each contender's best round the benchmark also
-prints the CPU it took: the broker's, and that of this process with the Spark JVM
-and its Python workers.  And each contender's median round's CPU without the two
-JVMs' JIT compiler threads: what a copy costs once its code is compiled (each round
-is a new query, and the compilers took 15-30 % of a round's CPU, more in one
-round than the next), so the ratio of rates a machine with no CPU to spare gives.
-Then the recovery time: a runner on a continuously fed topic is SIGKILLed (runner,
-JVM and Python workers) and restarted at once; the time from the kill to the first batch
-the new runner commits.  Every copy is deleted once counted, so the page cache
-holds the input and a copy or two, not the whole run.  Runners map the JVM class
-archive as they do in the dev environment and the image (built first if missing,
-see eop_spark.class_archive).
+(a)-(c) and (e) run in one SparkSession (each first copies N 100-byte records twice, in
+40 batches each, and then each size's input once, unmeasured, so the JIT of Spark's JVM
+and of the broker has compiled what the measured rounds run), availableNow, N/4 offsets
+per batch, the same producer batching (eop's defaults: linger.ms, batch.size). Two
+figures each: N divided by the query's wall time (start-up included, from the moment the
+stream is built: every contender's source stream and transform are analysed there, and
+eop also takes its transactional ids over before Spark starts the query; until
+2026-11-25 (e) and (a)'s clocks started once their stream was built, eop's before), and
+N divided by the time of the batches themselves (the sum of Spark's ``triggerExecution``
+over the batches that read rows: the rate a running pipeline sustains; the same measure
+for every contender). Each of (a)-(c), (e) runs ``--rounds`` times, in a rotating order,
+and keeps its best round: on a shared machine that filters out the moments another
+process took the CPU, the same way for every contender (the targets were first read from
+these; the paired table below is the stricter reading, and a target holds only if both
+say so). A third table gives each contender's median round, to show how much a single
+lucky round moves the best-of figures. A fourth pairs the contenders round by round: the
+median over rounds of b/a measured within one round, seconds apart. On a machine whose
+speed wanders (one host here ran the same contender at up to twice the rate from one
+round to the next) the best round is whichever contender got lucky, and pairing cancels
+what the rounds share. Eight rounds by default: with four contenders in a rotating
+order, each runs first, second, third and last twice. For each contender's best round
+the benchmark also prints the CPU it took: the broker's, and that of this process with
+the Spark JVM and its Python workers. And each contender's median round's CPU without
+the two JVMs' JIT compiler threads: what a copy costs once its code is compiled (each
+round is a new query, and the compilers took 15-30 % of a round's CPU, more in one round
+than the next), so the ratio of rates a machine with no CPU to spare gives. Then the
+recovery time: a runner on a continuously fed topic is SIGKILLed (runner, JVM and Python
+workers) and restarted at once; the time from the kill to the first batch the new runner
+commits. Every copy is deleted once counted, so the page cache holds the input and a
+copy or two, not the whole run. Runners map the JVM class archive as they do in the dev
+environment and the image (built first if missing, see eop_spark.class_archive).
 
     .venv/bin/python bench/data_plane.py                  # 1,000,000 records, 15-30 min on 2 cores
     .venv/bin/python bench/data_plane.py --records 100000 # quick look
@@ -64,7 +64,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -267,26 +267,34 @@ def timed_eop(spark: Any, config: RunConfig) -> Timing:
 def timed_builtin(spark: Any, config: RunConfig) -> Timing:
     """How long Spark's own Kafka sink takes to copy the topic."""
     options = spark_source_options(config) | {"startingOffsets": "earliest"}
-    writer = (
-        spark.readStream.format("kafka")
-        .options(**options)
-        .load()
-        .select("key", "value")
-        .writeStream.format("kafka")
-        .option("kafka.bootstrap.servers", config.sink.kafka.bootstrap_servers)
-        .option("topic", config.sink.kafka.topic)
-        .option("checkpointLocation", config.checkpoint_location)
-        .trigger(availableNow=True)
-    )
-    for key, value in PRODUCER_TUNING.items():
-        writer = writer.option(f"kafka.{key}", value)
+
+    def writer() -> Any:
+        built = (
+            spark.readStream.format("kafka")
+            .options(**options)
+            .load()
+            .select("key", "value")
+            .writeStream.format("kafka")
+            .option("kafka.bootstrap.servers", config.sink.kafka.bootstrap_servers)
+            .option("topic", config.sink.kafka.topic)
+            .option("checkpointLocation", config.checkpoint_location)
+            .trigger(availableNow=True)
+        )
+        for key, value in PRODUCER_TUNING.items():
+            built = built.option(f"kafka.{key}", value)
+        return built
+
     return _timed(writer)
 
 
-def _timed(writer: Any) -> Timing:
-    """Start a stream writer's query, wait for it to end (availableNow); its timing."""
+def _timed(writer: Callable[[], Any]) -> Timing:
+    """Build a stream writer's query, start it, wait for it to end (availableNow); its timing.
+
+    The clock starts before the query is built, as :func:`timed_eop`'s does: the
+    source stream's and the transform's analysis is start-up for every contender.
+    """
     started = time.monotonic()
-    query = writer.start()
+    query = writer().start()
     query.awaitTermination()
     return Timing(time.monotonic() - started, batch_seconds(query))
 
@@ -336,14 +344,16 @@ def timed_plain(spark: Any, config: RunConfig) -> Timing:
     options = spark_source_options(config) | {"startingOffsets": "earliest"}
     produce = _produce_plainly(config.sink.kafka.bootstrap_servers, config.sink.kafka.topic)
     return _timed(
-        spark.readStream.format("kafka")
-        .options(**options)
-        .load()
-        .select("key", "value")
-        .mapInArrow(produce, "done long")
-        .writeStream.format("noop")
-        .option("checkpointLocation", config.checkpoint_location)
-        .trigger(availableNow=True)
+        lambda: (
+            spark.readStream.format("kafka")
+            .options(**options)
+            .load()
+            .select("key", "value")
+            .mapInArrow(produce, "done long")
+            .writeStream.format("noop")
+            .option("checkpointLocation", config.checkpoint_location)
+            .trigger(availableNow=True)
+        )
     )
 
 
