@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -45,7 +46,7 @@ from eop_spark.reasons import failure_line
 from eop_spark.reset import reset_for_stateless_generation
 from eop_spark.session import build_session
 from eop_spark.sink_coordinated import CoordinatedSink
-from eop_spark.sink_partitioned import PartitionedSink, warm_up_workers
+from eop_spark.sink_partitioned import JvmTasks, PartitionedSink, warm_up_workers
 from eop_spark.sink_settings import SinkSettings, take_over
 from eop_spark.source import read_kafka, resolve_starting_offsets
 from eop_spark.spec import CommitMode
@@ -255,6 +256,8 @@ class PipelineRun:
         count = taken.result() if taken is not None else take_over(settings, partitions)
         log.info("took over %d transactional ids %s.*", count, config.transactional_id_prefix)
         reset_for_stateless_generation(config, offsets_log, partitions, sink_conf)
+        run = uuid.uuid4().hex
+        jvm = self.jvm_tasks(spark, settings, run, partitions)
         starting, why = resolve_starting_offsets(config, offsets_log, progress, partitions)
         log.info("%s", why)
         transformed = apply_transform(spark, read_kafka(spark, config, starting), config.transform)
@@ -264,8 +267,10 @@ class PipelineRun:
         coordinated = CoordinatedSink(settings, offsets_log, transformed.layout, progress)
         sink: Sink = coordinated
         if choice.mode == CommitMode.PARTITIONED:
-            sink = PartitionedSink(settings, offsets_log, transformed.layout)
+            sink = PartitionedSink(settings, offsets_log, transformed.layout, jvm, run)
         else:
+            if jvm is not None:
+                jvm.release()
             keep_freed_memory()  # this process moves every record (the workers do it themselves)
         started: list[StreamingQuery] = []
         ready = threading.Event()
@@ -282,6 +287,8 @@ class PipelineRun:
             if config.sink.kafka.commit_mode == CommitMode.PARTITIONED:
                 raise ConfigError(f"commitMode partitioned is not possible: {problem}")
             log.warning("commit mode coordinated after all: %s", problem)
+            if jvm is not None:
+                jvm.release()
             return coordinated
 
         gate = BatchGate(sink, self.counters, confirm_plan)
@@ -291,6 +298,26 @@ class PipelineRun:
             raise ConfigError(f"the query cannot start: {from_failure(exc).message}") from exc
         ready.set()
         return started[0], gate
+
+    def jvm_tasks(
+        self,
+        spark: SparkSession,
+        settings: SinkSettings,
+        run: str,
+        partitions: list[tuple[str, int]],
+    ) -> JvmTasks | None:
+        """Where partitioned tasks of ``run`` would commit (None: in Python workers).
+
+        In local mode the JVM starts their first steps at once, while the query
+        is planned and started (taking the ids, reading G): call it after the
+        take-over and any reset of G.
+        """
+        if self.config.sink.kafka.commit_mode == CommitMode.COORDINATED:
+            return None
+        jvm = JvmTasks.decide(spark, settings, run)
+        if jvm is not None:
+            jvm.prepare(spark, partitions)
+        return jvm
 
     def writer(self, df: DataFrame, gate: BatchGate) -> Any:
         """The stream writer: foreachBatch into ``gate``, checkpoint, output mode, trigger."""

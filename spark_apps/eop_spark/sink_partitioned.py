@@ -32,7 +32,10 @@ batch G equals the batch's end offsets (invariant 5).
 The tasks run these steps in the executor's JVM with the Java producer
 (``jvm/PartitionedWriter.java``, see :mod:`eop_spark.jvm_writer`) where the
 sink's settings allow; otherwise in Spark's Python workers, with the
-librdkafka producers of :func:`commit_partition`.
+librdkafka producers of :func:`commit_partition`.  In local mode, where the
+driver's JVM runs the tasks, it takes a run's ids and reads G for them while
+the query starts (:meth:`JvmTasks.prepare`): the first two steps of the first
+batch's tasks, in the same order.
 """
 
 from __future__ import annotations
@@ -45,7 +48,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -373,6 +375,56 @@ def warm_up_workers(spark: SparkSession, tasks: int) -> None:
     spark.sparkContext.parallelize(range(tasks), tasks).mapPartitions(_warm_up).count()
 
 
+class JvmTasks:
+    """A run's partitioned tasks in the JVM writer: its class (through py4j), its settings."""
+
+    def __init__(self, writer: Any, settings: str, prefix: str) -> None:
+        """``settings``: the JSON ``PartitionedWriter`` reads; ``prefix``: the run's ids'."""
+        self.writer = writer
+        self.settings = settings
+        self.prefix = prefix
+        self.prepared = False
+
+    @classmethod
+    def decide(cls, spark: SparkSession, sink: SinkSettings, run: str) -> JvmTasks | None:
+        """The JVM writer for ``run``'s tasks, or None when they stay in Python workers."""
+        from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
+
+        if os.environ.get(jvm_writer.NO_JVM_WRITER_ENV) == "1":
+            return None
+        writer = spark.sparkContext._jvm  # each name is a py4j round trip: looked up once
+        for name in jvm_writer.CLASS.split("."):
+            writer = getattr(writer, name)
+        if not isinstance(writer, JavaClass):
+            return None  # the jar is not on the session's class path
+        timeout = duration_ms(sink.transaction_timeout)
+        java = jvm_writer.java_settings(spark, sink.client_config, timeout)
+        if java is None:
+            return None
+        settings = jvm_writer.writer_settings(
+            sink.topic, sink.transactional_id_prefix, sink.group, run, *java
+        )
+        return cls(writer, settings, sink.transactional_id_prefix)
+
+    def prepare(self, spark: SparkSession, partitions: Iterable[TopicPartition]) -> None:
+        """Have the JVM take the partitions' ids and read G for them while the query starts.
+
+        Only where the driver's JVM runs the tasks (local mode).  These are the
+        first steps of each task of the run's first batch
+        (``PartitionedWriter.prepare``); call it after the run's take-over and
+        any reset of G.
+        """
+        if str(spark.sparkContext.master).startswith("local"):
+            self.writer.prepare(self.settings, json.dumps([[t, p] for t, p in partitions]))
+            self.prepared = True
+
+    def release(self) -> None:
+        """Close the producers :meth:`prepare` built (the run commits otherwise after all)."""
+        if self.prepared:
+            self.writer.release(self.prefix)
+            self.prepared = False
+
+
 class PartitionedSink:
     """The driver side: run the tasks, then advance G for partitions no task committed."""
 
@@ -383,21 +435,26 @@ class PartitionedSink:
         sink: SinkSettings,
         offsets_log: OffsetsLog,
         layout: OutputLayout,
+        jvm: JvmTasks | None,
+        run: str,
         before_batch: Callable[[], None] | None = None,
     ) -> None:
-        """``before_batch`` runs before each batch's job (the runner checks the plan there)."""
+        """``jvm``: where the tasks run (None: Python workers), decided for ``run``.
+
+        ``before_batch`` runs before each batch's job.
+        """
         self.sink = sink
         self.offsets_log = offsets_log
         self.layout = layout
         self.before_batch = before_batch
-        self._function = TaskFunction(sink, layout, uuid.uuid4().hex)
+        self.jvm = jvm
+        self._function = TaskFunction(sink, layout, run)
         self._udf: Any = None
         #: Per set of column names: the columns and their Java sequence; the task function.
         self._jobs: dict[tuple[str, ...], tuple[list[Any], Any]] = {}
         self._functions: dict[tuple[str, ...], Any] = {}
-        #: The JVM writer's settings (JSON), once the first batch decided; "" = Python tasks.
-        self._jvm_settings: str | None = None
-        self._writer: Any = None
+        where = "the executors' JVM" if jvm is not None else "Python workers"
+        log.info("partitioned sink: tasks commit in %s", where)
 
     def __call__(self, df: DataFrame, batch_id: int) -> BatchResult:
         """Commit batch ``batch_id`` (the foreachBatch body)."""
@@ -407,17 +464,16 @@ class PartitionedSink:
         marker = batch_marker(self.offsets_log.query_id(), batch_id)
         task = PartitionTask(self.sink, end, self.layout, marker, self._function.run)
         outcomes: list[PartitionOutcome] = []
-
-        writer = self._jvm_writer(df.sparkSession)
+        jvm = self.jvm
 
         def attempt(_: int) -> None:
             outcomes.clear()
-            if writer is None:
+            if jvm is None:
                 rows = [row.asDict() for row in self._run_tasks(df, task)]
             else:
-                rows = self._run_jvm_tasks(df, task, writer)
+                rows = self._run_jvm_tasks(df, task, jvm)
             outcomes.extend(PartitionOutcome(**row) for row in rows)
-            outcomes.extend(self._advance_the_rest(task, outcomes, writer))
+            outcomes.extend(self._advance_the_rest(task, outcomes, jvm))
 
         failures: list[object] = []
         with_attempts(f"batch {batch_id}", attempt, on_retry=failures.append)
@@ -426,40 +482,11 @@ class PartitionedSink:
         result.aborted += len(failures)
         return result
 
-    def _jvm_writer(self, spark: SparkSession) -> Any:
-        """The JVM writer class, decided at the first batch; None: the tasks run in Python."""
-        if self._jvm_settings is None:
-            self._jvm_settings = self._decide_jvm_settings(spark)
-            where = "the executors' JVM" if self._jvm_settings else "Python workers"
-            log.info("partitioned sink: tasks commit in %s", where)
-        return self._writer if self._jvm_settings else None
-
-    def _decide_jvm_settings(self, spark: SparkSession) -> str:
-        """The JVM writer's settings (JSON), or "" when the tasks stay in Python."""
-        from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
-
-        writer = spark.sparkContext._jvm  # each name is a py4j round trip: looked up once
-        for name in jvm_writer.CLASS.split("."):
-            writer = getattr(writer, name)
-        self._writer = writer
-        if os.environ.get(jvm_writer.NO_JVM_WRITER_ENV) == "1" or not isinstance(writer, JavaClass):
-            return ""
-        timeout = duration_ms(self.sink.transaction_timeout)
-        java = jvm_writer.java_settings(spark, self.sink.client_config, timeout)
-        if java is None:
-            return ""
-        sink = self.sink
-        return jvm_writer.writer_settings(
-            sink.topic, sink.transactional_id_prefix, sink.group, self._function.run, *java
-        )
-
-    def _run_jvm_tasks(self, df: DataFrame, task: PartitionTask, writer: Any) -> list[Any]:
+    def _run_jvm_tasks(self, df: DataFrame, task: PartitionTask, jvm: JvmTasks) -> list[Any]:
         """Run the batch's tasks in the JVM writer; return their outcomes."""
         _, _, jcolumns = self._columns(df, task)
         with _batch_property(df, task):
-            return [
-                json.loads(o) for o in writer.write(df._jdf.select(jcolumns), self._jvm_settings)
-            ]
+            return [json.loads(o) for o in jvm.writer.write(df._jdf.select(jcolumns), jvm.settings)]
 
     def _run_tasks(self, df: DataFrame, task: PartitionTask) -> list[Any]:
         """Run ``write_partition`` on the batch's rows; return the tasks' outcome rows.
@@ -507,7 +534,7 @@ class PartitionedSink:
         return (names, *self._jobs[names])
 
     def _advance_the_rest(
-        self, task: PartitionTask, outcomes: Sequence[PartitionOutcome], writer: Any
+        self, task: PartitionTask, outcomes: Sequence[PartitionOutcome], jvm: JvmTasks | None
     ) -> list[PartitionOutcome]:
         """Offsets-only transactions for the partitions no task reported on.
 
@@ -519,11 +546,11 @@ class PartitionedSink:
         """
         reported = {(o.topic, o.partition) for o in outcomes}
         rest = sorted(tp for tp in task.end_offsets if tp not in reported)
-        if writer is None:
+        if jvm is None:
             return [commit_partition(task, tp, ()) for tp in rest]
         batch = encode_batch(task.end_offsets, task.marker)
         return [
-            PartitionOutcome(**json.loads(writer.advance(self._jvm_settings, batch, t, p)))
+            PartitionOutcome(**json.loads(jvm.writer.advance(jvm.settings, batch, t, p)))
             for t, p in rest
         ]
 

@@ -155,6 +155,46 @@ def test_a_batch_commits_once_and_its_replay_is_skipped(spark: Any, pipe: Pipe) 
     assert pipe.markers(20) == [{(pipe.source, 0): batch_marker("q", 0)}] * 20
 
 
+def prepare(spark: Any, pipe: Pipe, run: str) -> None:
+    """What the runner does in local mode before the query starts: take the id, read G."""
+    writer(spark).prepare(pipe.settings(run), json.dumps([[pipe.source, 0]]))
+
+
+def test_a_prepared_run_resumes_where_g_ends(spark: Any, pipe: Pipe) -> None:
+    rows = [(f"v{o}".encode(), 0, o) for o in range(5)]
+    write(spark, rows[:3], pipe.settings("first"), **{BATCH_PROPERTY: pipe.batch(3, 0)})
+
+    # A restart: its preparation reads G (3) for the first batch, which starts at 0 again.
+    prepare(spark, pipe, "second")
+    resumed = write(spark, rows, pipe.settings("second"), **{BATCH_PROPERTY: pipe.batch(5, 1)})
+
+    assert [(o["status"], o["rows_out"], o["fenced"]) for o in resumed] == [("committed", 2, 0)]
+    assert pipe.output() == [f"v{o}".encode() for o in range(5)]
+    assert pipe.progress() == {(pipe.source, 0): 5}
+
+    # A run that commits otherwise after all lets its producers go; a later task takes the id.
+    writer(spark).release(pipe.group)
+    again = write(spark, rows, pipe.settings("third"), **{BATCH_PROPERTY: pipe.batch(5, 1)})
+    assert [o["status"] for o in again] == ["skipped"]
+
+
+def test_a_prepared_producer_fenced_by_another_runner_is_rebuilt(spark: Any, pipe: Pipe) -> None:
+    from eop_spark.transactions import TransactionalProducer
+
+    rows = [(f"v{o}".encode(), 0, o) for o in range(4)]
+    prepare(spark, pipe, "run")
+    write(spark, rows[:1], pipe.settings("run"), **{BATCH_PROPERTY: pipe.batch(1, 0)})
+    # Another runner takes the id over (and would have committed had it had rows).
+    TransactionalProducer(
+        {**client_config(pipe.broker), "transactional.id": f"{pipe.group}.{pipe.source}.0"}
+    ).close()
+
+    outcomes = write(spark, rows, pipe.settings("run"), **{BATCH_PROPERTY: pipe.batch(4, 1)})
+
+    assert [(o["status"], o["rows_out"], o["fenced"]) for o in outcomes] == [("committed", 3, 1)]
+    assert pipe.output() == [f"v{o}".encode() for o in range(4)]
+
+
 def test_librdkafka_only_security_settings_keep_the_tasks_in_python(spark: Any) -> None:
     shared = {"bootstrap.servers": "b:9092", "security.protocol": "SASL_SSL", "linger.ms": "5"}
     java = jvm_writer.java_settings(spark, shared, 60_000)

@@ -8,6 +8,9 @@
  * knows it, skips if c >= until, else begins, adds {(t, p): until} for G first, sends the rows
  * with offset >= c and commits. One producer per id lives as long as the JVM, so the tasks of
  * every batch that run here share it; a task holds its id's lock for the whole transaction.
+ * Where the driver's JVM runs the tasks (local mode), the runner has it take the run's ids and
+ * read G for them while the query is planned and started (prepare), so the first batch's tasks
+ * need not.
  *
  * Failures reach the driver as exceptions whose message starts with the name of the
  * eop_spark.errors class the Python side raises for them (eop_spark.errors.from_failure reads
@@ -27,7 +30,12 @@ import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
 import java.util.Properties;
+import java.util.Set;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.stream.Collectors;
 import org.apache.kafka.clients.consumer.ConsumerGroupMetadata;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.consumer.OffsetAndMetadata;
@@ -52,6 +60,8 @@ import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.util.ArrayData;
 import org.apache.spark.sql.types.BinaryType;
 import org.apache.spark.sql.types.StructType;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 public final class PartitionedWriter {
   /** The local property with the batch's end offsets and marker (BATCH_PROPERTY in Python). */
@@ -76,13 +86,27 @@ public final class PartitionedWriter {
     }
   }
 
-  /** Per id: the lock a task holds for its whole transaction, and the producer (if any). */
+  /**
+   * Per id: the lock a task holds for its whole transaction, the producer (if any), and the
+   * preparation a task waits for before it takes the lock (see prepare).
+   */
   static final class Slot {
     Held held;
+    volatile CompletableFuture<Void> prepared = CompletableFuture.completedFuture(null);
   }
 
   static final Map<String, Slot> SLOTS = new ConcurrentHashMap<>();
   static final Map<String, KafkaConsumer<byte[], byte[]>> READERS = new HashMap<>();
+  static final Logger LOG = LoggerFactory.getLogger(PartitionedWriter.class);
+  /** The threads that prepare ids (daemons: they never keep the JVM up). */
+  static final ExecutorService PREPARING =
+      Executors.newFixedThreadPool(
+          8,
+          work -> {
+            Thread thread = new Thread(work, "eop-prepare");
+            thread.setDaemon(true);
+            return thread;
+          });
 
   private PartitionedWriter() {}
 
@@ -239,6 +263,74 @@ public final class PartitionedWriter {
     return df.queryExecution().toRdd().toJavaRDD().mapPartitions(task).collect();
   }
 
+  /**
+   * Take the ids of ``partitionsJson`` ([[topic, partition], ...]) over and read G for them,
+   * in the background; returns at once. These are the first steps of every task (a new
+   * producer's initTransactions, then G's stable offset, read after it), taken ahead of the
+   * run's first batch: its tasks find the producer holding the id and c known for the run.
+   * Called on the driver, after the runner's own take-over and only where the driver's JVM
+   * runs the tasks. A task waits for its id's preparation; whatever fails here is left to the
+   * tasks, which take the same steps when they find them not done.
+   */
+  public static void prepare(String settingsJson, String partitionsJson) throws Exception {
+    Settings settings = new Settings(JSON.readTree(settingsJson));
+    Map<TopicPartition, Slot> slots = new HashMap<>();
+    List<CompletableFuture<?>> taken = new ArrayList<>();
+    for (JsonNode entry : JSON.readTree(partitionsJson)) {
+      TopicPartition tp = new TopicPartition(entry.get(0).asText(), entry.get(1).asInt());
+      String id = settings.transactionalId(tp.topic(), tp.partition());
+      Slot slot = SLOTS.computeIfAbsent(id, k -> new Slot());
+      slots.put(tp, slot);
+      taken.add(
+          CompletableFuture.runAsync(
+              () -> {
+                synchronized (slot) {
+                  // This run's take-over fenced any producer of the id: only another
+                  // runner can fence this one, so its fencings count (lastRun).
+                  held(slot, settings, id, true).lastRun = settings.run;
+                }
+              },
+              PREPARING));
+    }
+    CompletableFuture<Void> done =
+        CompletableFuture.allOf(taken.toArray(new CompletableFuture<?>[0]))
+            .thenRunAsync(
+                () -> {
+                  Map<TopicPartition, Long> progress = committed(settings, slots.keySet());
+                  slots.forEach(
+                      (tp, slot) -> {
+                        synchronized (slot) {
+                          if (slot.held != null) {
+                            slot.held.known.put(settings.run, progress.get(tp));
+                          }
+                        }
+                      });
+                },
+                PREPARING)
+            .exceptionally(
+                e -> {
+                  LOG.warn(
+                      "preparing transactional ids {}.* failed, the tasks take them: {}",
+                      settings.prefix,
+                      e.getMessage());
+                  return null;
+                });
+    slots.values().forEach(slot -> slot.prepared = done);
+  }
+
+  /** Close the producers of the ids ``<prefix>.*`` (a run that commits otherwise after all). */
+  public static void release(String prefix) {
+    SLOTS.forEach(
+        (id, slot) -> {
+          if (id.startsWith(prefix + ".")) {
+            slot.prepared.join();
+            synchronized (slot) {
+              discard(slot);
+            }
+          }
+        });
+  }
+
   /** The offsets-only transaction for a partition no task reported on (called on the driver). */
   public static String advance(String settingsJson, String batchJson, String topic, int partition)
       throws Exception {
@@ -285,12 +377,14 @@ public final class PartitionedWriter {
     long until = batch.end.get(tp);
     String id = settings.transactionalId(tp.topic(), tp.partition());
     Slot slot = SLOTS.computeIfAbsent(id, k -> new Slot());
+    slot.prepared.join(); // never fails: a failed preparation leaves its steps to the task
     int fenced = 0;
     synchronized (slot) {
       for (int attempt = 0; attempt < ATTEMPTS; attempt++) {
         Held held = held(slot, settings, id, attempt > 0);
         Long known = held.known.remove(settings.run); // put back only by a commit or a skip
-        long committed = known != null ? known : committed(settings, tp);
+        long committed =
+            known != null ? known : committed(settings, Collections.singleton(tp)).get(tp);
         if (committed >= until) {
           held.known.put(settings.run, committed);
           drain(rows);
@@ -415,8 +509,8 @@ public final class PartitionedWriter {
     }
   }
 
-  /** G's stable committed offset for ``tp`` (-1 if none), read with read_committed. */
-  static long committed(Settings settings, TopicPartition tp) {
+  /** G's stable committed offsets for ``tps`` (-1 if none), read with read_committed. */
+  static Map<TopicPartition, Long> committed(Settings settings, Set<TopicPartition> tps) {
     String key = settings.group + "\u0000" + settings.reader;
     synchronized (READERS) {
       KafkaConsumer<byte[], byte[]> reader = READERS.get(key);
@@ -431,12 +525,15 @@ public final class PartitionedWriter {
         READERS.put(key, reader);
       }
       try {
-        OffsetAndMetadata offset = reader.committed(Collections.singleton(tp)).get(tp);
-        return offset == null ? -1 : offset.offset();
+        Map<TopicPartition, OffsetAndMetadata> found = reader.committed(tps);
+        return tps.stream()
+            .collect(
+                Collectors.toMap(
+                    tp -> tp, tp -> found.get(tp) == null ? -1L : found.get(tp).offset()));
       } catch (RuntimeException e) {
         reader.close(Duration.ZERO);
         READERS.remove(key);
-        throw failure(e, "reading progress group " + settings.group + " for " + tp);
+        throw failure(e, "reading progress group " + settings.group + " for " + tps);
       }
     }
   }
