@@ -49,7 +49,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, Any
@@ -437,16 +437,11 @@ class PartitionedSink:
         layout: OutputLayout,
         jvm: JvmTasks | None,
         run: str,
-        before_batch: Callable[[], None] | None = None,
     ) -> None:
-        """``jvm``: where the tasks run (None: Python workers), decided for ``run``.
-
-        ``before_batch`` runs before each batch's job.
-        """
+        """``jvm``: where the tasks run (None: Python workers), decided for ``run``."""
         self.sink = sink
         self.offsets_log = offsets_log
         self.layout = layout
-        self.before_batch = before_batch
         self.jvm = jvm
         self._function = TaskFunction(sink, layout, run)
         self._udf: Any = None
@@ -458,8 +453,6 @@ class PartitionedSink:
 
     def __call__(self, df: DataFrame, batch_id: int) -> BatchResult:
         """Commit batch ``batch_id`` (the foreachBatch body)."""
-        if self.before_batch is not None:
-            self.before_batch()
         end = self.offsets_log.end_offsets(batch_id)
         marker = batch_marker(self.offsets_log.query_id(), batch_id)
         task = PartitionTask(self.sink, end, self.layout, marker, self._function.run)
