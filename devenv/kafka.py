@@ -34,7 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from devenv.processes import die_with_parent, free_port
+from devenv.processes import die_with_parent, distinct_free_ports
 from devenv.versions import versions
 
 FETCH_SCRIPT = Path(__file__).with_name("fetch-jars.sh")
@@ -138,14 +138,20 @@ class KafkaBroker:
         heap: str = "1g",
         overrides: Mapping[str, str] | None = None,
         start_timeout: float = 120.0,
+        sasl_plain_users: Mapping[str, str] | None = None,
     ) -> None:
         """Describe a broker; nothing runs until :meth:`start`.
 
         ``overrides`` are extra or replacement ``server.properties`` entries.
+        ``sasl_plain_users`` (user -> password) adds a ``SASL_PLAINTEXT`` listener on
+        a port of its own (:attr:`sasl_bootstrap_servers`) that admits those users
+        with the PLAIN mechanism; the PLAINTEXT listener stays as it is.
         """
         self.work_dir = Path(work_dir).resolve()
         self.heap = heap
         self.overrides = dict(overrides or {})
+        self.sasl_plain_users = dict(sasl_plain_users or {})
+        self._sasl_port: int | None = None
         self.start_timeout = start_timeout
         self._port: int | None = None
         self._controller_port: int | None = None
@@ -166,6 +172,13 @@ class KafkaBroker:
     def bootstrap_servers(self) -> str:
         """``"127.0.0.1:PORT"``, for ``bootstrap.servers`` / ``kafka.bootstrap.servers``."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_bootstrap_servers(self) -> str:
+        """``"127.0.0.1:PORT"`` of the SASL_PLAINTEXT listener (``sasl_plain_users`` given)."""
+        if self._sasl_port is None:
+            raise KafkaBrokerError("the broker has no SASL listener (or has not been started)")
+        return f"127.0.0.1:{self._sasl_port}"
 
     @property
     def log_path(self) -> Path:
@@ -233,8 +246,27 @@ class KafkaBroker:
             "num.recovery.threads.per.data.dir": "1",
             "log.segment.bytes": str(64 * 1024 * 1024),
         }
+        if self._sasl_port is not None:
+            props.update(self._sasl_properties(self._sasl_port))
         props.update(self.overrides)
         return props
+
+    def _sasl_properties(self, sasl_port: int) -> dict[str, str]:
+        """The SASL_PLAINTEXT listener: PLAIN, with ``sasl_plain_users``' credentials."""
+        users = " ".join(f'user_{name}="{pw}"' for name, pw in self.sasl_plain_users.items())
+        return {
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},"
+            f"SASL_PLAINTEXT://127.0.0.1:{sasl_port},CONTROLLER://127.0.0.1:{self._controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},"
+            f"SASL_PLAINTEXT://127.0.0.1:{sasl_port}",
+            "listener.security.protocol.map": (
+                "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT"
+            ),
+            "listener.name.sasl_plaintext.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config": (
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
+            ),
+        }
 
     def _java(self, heap: str, log4j2: Path, main_class: str, *args: str) -> list[str]:
         return [
@@ -260,7 +292,8 @@ class KafkaBroker:
 
     def _write_configs(self) -> Path:
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        self._ports_file().write_text(f"{self.port} {self._controller_port}\n")
+        ports = [self.port, self._controller_port, self._sasl_port]
+        self._ports_file().write_text(" ".join(str(p) for p in ports if p is not None) + "\n")
         props = self.work_dir / "server.properties"
         props.write_text("".join(f"{k}={v}\n" for k, v in self._server_properties().items()))
         (self.work_dir / "log4j2.properties").write_text(_LOG4J2_BROKER)
@@ -308,10 +341,9 @@ class KafkaBroker:
         attempts = 3 if fresh else 1
         for attempt in range(attempts):
             if fresh:
-                self._port = free_port()
-                self._controller_port = free_port()
-                while self._controller_port == self._port:
-                    self._controller_port = free_port()
+                ports = distinct_free_ports(3 if self.sasl_plain_users else 2)
+                self._port, self._controller_port = ports[0], ports[1]
+                self._sasl_port = ports[2] if self.sasl_plain_users else None
             try:
                 self._start_once()
                 return self
@@ -330,8 +362,9 @@ class KafkaBroker:
 
     def _load_ports(self) -> None:
         with contextlib.suppress(OSError, ValueError):
-            port, cport = self._ports_file().read_text().split()
-            self._port, self._controller_port = int(port), int(cport)
+            port, cport, *sasl = (int(p) for p in self._ports_file().read_text().split())
+            self._port, self._controller_port = port, cport
+            self._sasl_port = sasl[0] if sasl else None
 
     @property
     def _unclean_marker(self) -> Path:

@@ -22,6 +22,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def distinct_free_ports(count: int) -> list[int]:
+    """``count`` different ports on 127.0.0.1 that nobody listens on right now."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
 def die_with_parent() -> None:
     """``preexec_fn``: SIGTERM the child when the thread that started it ends (Linux).
 

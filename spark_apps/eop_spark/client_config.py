@@ -95,7 +95,8 @@ def spark_source_options(config: RunConfig) -> dict[str, str]:
         options["subscribePattern"] = kafka.topic_pattern
     if kafka.max_offsets_per_trigger is not None:
         options["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)
-    for key, value in {**kafka.options, **read_secret_dir(config.source_secret_dir)}.items():
+    props = {**kafka.options, **read_secret_dir(config.source_secret_dir)}
+    for key, value in java_client_properties(props).items():
         options[f"kafka.{key}"] = value
     return options
 
@@ -122,7 +123,22 @@ def sink_client_config(config: RunConfig) -> dict[str, str]:
 
 
 def sink_librdkafka_config(kafka: KafkaSink, secret: Mapping[str, str]) -> dict[str, str]:
-    """librdkafka settings for the sink cluster from the spec and the Secret's properties."""
+    """librdkafka settings for the sink cluster from the spec and the Secret's properties.
+
+    Without the Java clients' own properties (``sasl.jaas.config``,
+    ``ssl.truststore.*``...), which librdkafka refuses: the JVM writer gets
+    them (:func:`sink_java_config`).
+    """
+    return without_java_only(_sink_properties(kafka, secret))
+
+
+def sink_java_config(config: RunConfig) -> dict[str, str]:
+    """Every sink client property, for the Java producer (see ``jvm_writer.java_settings``)."""
+    kafka = config.sink.kafka
+    return _sink_properties(kafka, read_secret_dir(config.sink_secret_dir))
+
+
+def _sink_properties(kafka: KafkaSink, secret: Mapping[str, str]) -> dict[str, str]:
     for key in _SINK_FORBIDDEN:
         if key in kafka.options:
             raise ConfigError(f"sink option {key} is set by the runner and cannot be overridden")
@@ -170,6 +186,62 @@ def producer_config(
     return conf
 
 
+#: The Java client's JAAS login module for each SASL mechanism librdkafka takes a user name
+#: and password for.
+_JAAS_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+
+
+#: librdkafka's names of a SASL login that a ``sasl.jaas.config`` holds for the Java clients.
+_LIBRDKAFKA_LOGIN = ("sasl.username", "sasl.password")
+
+
+def _jaas_quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def java_client_properties(props: Mapping[str, str]) -> dict[str, str]:
+    """``props`` for a Java Kafka client: librdkafka's SASL credentials given as JAAS.
+
+    librdkafka takes ``sasl.username`` and ``sasl.password`` (and the mechanism
+    as ``sasl.mechanism`` or ``sasl.mechanisms``); the Java client takes them in
+    ``sasl.jaas.config``. For PLAIN and SCRAM, with no ``sasl.jaas.config``
+    given, the JAAS line is built from them and they are left out, so one
+    Secret serves the runner's librdkafka clients, Spark's Kafka source and the
+    JVM writer alike. With a ``sasl.jaas.config`` given, that is the Java
+    clients' login and librdkafka's user name and password are left out.
+    Anything else passes as it is.
+    """
+    result = dict(props)
+    mechanism = result.get("sasl.mechanism", result.get("sasl.mechanisms", "GSSAPI"))
+    mechanism = mechanism.strip().upper()
+    if "sasl.jaas.config" in result:  # the user's own login for the Java clients
+        for name in _LIBRDKAFKA_LOGIN:
+            result.pop(name, None)
+        return result
+    module = _JAAS_MODULES.get(mechanism)
+    if module is None or "sasl.username" not in result or "sasl.password" not in result:
+        return result
+    username, password = result.pop("sasl.username"), result.pop("sasl.password")
+    result.pop("sasl.mechanisms", None)
+    result["sasl.mechanism"] = mechanism
+    result["sasl.jaas.config"] = (
+        f"{module} required username={_jaas_quoted(username)} password={_jaas_quoted(password)};"
+    )
+    return result
+
+
+def without_java_only(conf: Mapping[str, str]) -> dict[str, str]:
+    """``conf`` without the Java clients' own properties (named in a warning, never valued)."""
+    result = {k: v for k, v in conf.items() if not k.startswith(_JAVA_ONLY_PREFIXES)}
+    for name in sorted(set(conf) - set(result)):
+        log.warning("property %s is Java-only; runner clients skip it", name)
+    return result
+
+
 def librdkafka_compatible(conf: Mapping[str, str]) -> dict[str, str]:
     """Drop the properties librdkafka does not know (Java-only ones shared with Spark).
 
@@ -180,9 +252,7 @@ def librdkafka_compatible(conf: Mapping[str, str]) -> dict[str, str]:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    result = {k: v for k, v in conf.items() if not k.startswith(_JAVA_ONLY_PREFIXES)}
-    for name in sorted(set(conf) - set(result)):
-        log.warning("property %s is Java-only; runner clients skip it", name)
+    result = without_java_only(conf)
     for _ in range(len(conf) + 1):
         try:
             AdminClient({**result, "log_level": 0})

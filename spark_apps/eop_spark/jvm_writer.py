@@ -152,14 +152,18 @@ def java_settings(
 ) -> tuple[dict[str, str], dict[str, str]] | None:
     """The Java producer's and G reader's properties from the sink's librdkafka settings.
 
-    Names both clients share pass through; other librdkafka names are left out
-    (they tune librdkafka), unless they are security settings, which the Java
-    client would then lack: ``None`` then, and the tasks stay in Python.
+    Names both clients share pass through, SASL user names and passwords as
+    JAAS (``client_config.java_client_properties``); other librdkafka names are
+    left out (they tune librdkafka), unless they are security settings, which
+    the Java client would then lack: ``None`` then, and the tasks stay in Python.
     """
+    # Imported here: the image's jar stage runs this file alone, without eop_spark.
+    from eop_spark.client_config import java_client_properties
+
     producer_names, reader_names = client_names(spark.sparkContext._jvm)
     producer = producer_defaults()
     reader: dict[str, str] = {}
-    for name, value in client_config.items():
+    for name, value in java_client_properties(client_config).items():
         known = False
         if name in producer_names:
             producer[name] = str(value)

@@ -20,14 +20,29 @@ METADATA_TIMEOUT_S = 10.0
 
 
 def _metadata(client_config: Mapping[str, Any], role: str) -> Any:
-    from confluent_kafka import KafkaException
+    from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({**EAGER_CONNECTIONS, **client_config, "log_level": 0})
+    # librdkafka reports a refused login only to the error callback; the metadata request
+    # then fails as a transport failure, which would read as an unreachable broker.
+    refused: list[str] = []
+    login_errors = (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED)
+
+    def on_error(error: Any) -> None:
+        if error.code() in login_errors:
+            refused.append(error.str())
+
+    conf = {**EAGER_CONNECTIONS, **client_config, "log_level": 0, "error_cb": on_error}
+    admin = AdminClient(conf)
     servers = client_config["bootstrap.servers"]
     try:
         return admin.list_topics(timeout=METADATA_TIMEOUT_S)
     except KafkaException as exc:
+        admin.poll(0)  # serves the error callback
+        if refused:
+            raise EnvironmentNotReady(
+                f"the {role} Kafka cluster at {servers} refused the login: {refused[0]}"
+            ) from exc
         raise EnvironmentNotReady(
             f"cannot reach the {role} Kafka cluster at {servers}: {exc.args[0].str()}"
         ) from exc

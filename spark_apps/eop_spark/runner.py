@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from eop_spark import preflight
 from eop_spark.allocator import keep_freed_memory
 from eop_spark.batch_log import BatchResult, configure_logging, log_batch
-from eop_spark.client_config import sink_client_config, source_client_config
+from eop_spark.client_config import sink_client_config, sink_java_config, source_client_config
 from eop_spark.config import RunConfig
 from eop_spark.errors import EXIT_OK, ConfigError, EopError, PipelineFailed, from_failure
 from eop_spark.jars import connector_jars
@@ -314,7 +314,7 @@ class PipelineRun:
         """
         if self.config.sink.kafka.commit_mode == CommitMode.COORDINATED:
             return None
-        jvm = JvmTasks.decide(spark, settings, run)
+        jvm = JvmTasks.decide(spark, settings, sink_java_config(self.config), run)
         if jvm is not None:
             jvm.prepare(spark, partitions)
         return jvm

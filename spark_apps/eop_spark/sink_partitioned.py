@@ -386,8 +386,14 @@ class JvmTasks:
         self.prepared = False
 
     @classmethod
-    def decide(cls, spark: SparkSession, sink: SinkSettings, run: str) -> JvmTasks | None:
-        """The JVM writer for ``run``'s tasks, or None when they stay in Python workers."""
+    def decide(
+        cls, spark: SparkSession, sink: SinkSettings, java_config: dict[str, str], run: str
+    ) -> JvmTasks | None:
+        """The JVM writer for ``run``'s tasks, or None when they stay in Python workers.
+
+        ``java_config``: every sink client property, the Java clients' own ones
+        too (``client_config.sink_java_config``).
+        """
         from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
 
         if os.environ.get(jvm_writer.NO_JVM_WRITER_ENV) == "1":
@@ -398,7 +404,7 @@ class JvmTasks:
         if not isinstance(writer, JavaClass):
             return None  # the jar is not on the session's class path
         timeout = duration_ms(sink.transaction_timeout)
-        java = jvm_writer.java_settings(spark, sink.client_config, timeout)
+        java = jvm_writer.java_settings(spark, java_config, timeout)
         if java is None:
             return None
         settings = jvm_writer.writer_settings(

@@ -100,12 +100,19 @@ class SpecModel(BaseModel):
         return schema
 
 
+#: What a Secret of client properties holds (the secretRef fields' descriptions).
+SECRET_KEYS = (
+    "one key per property. librdkafka's sasl.username and sasl.password (with sasl.mechanism "
+    "PLAIN or SCRAM-SHA-256/512) serve the Java clients too, as their sasl.jaas.config."
+)
+
+
 class SecretRef(SpecModel):
     """A Secret in the pipeline's namespace whose keys are Kafka client properties.
 
-    Each key (e.g. ``sasl.jaas.config``, ``ssl.truststore.location``) is set on
-    the Kafka clients; the values never leave the Secret (the driver pod mounts
-    it read-only).
+    Each key (e.g. ``security.protocol``, ``sasl.username``,
+    ``ssl.truststore.location``) is set on the Kafka clients that know it; the
+    values never leave the Secret (the driver pod mounts it read-only).
     """
 
     name: str = Field(min_length=1, max_length=253, description="Name of the Secret.")
@@ -155,7 +162,8 @@ class KafkaSource(SpecModel):
         description="Extra Kafka consumer properties (without the kafka. prefix).",
     )
     secret_ref: SecretRef | None = Field(
-        default=None, description="Secret with SASL/TLS client properties for the source."
+        default=None,
+        description="Secret with SASL/TLS client properties for the source: " + SECRET_KEYS,
     )
 
     @field_validator("starting_offsets")
@@ -244,11 +252,13 @@ class KafkaSink(SpecModel):
         description=(
             "Extra Kafka producer properties, librdkafka's names. Partitioned mode's tasks use "
             "the Java producer with the names both clients share; a SASL/SSL property only "
-            "librdkafka knows keeps them on librdkafka."
+            "librdkafka knows (other than the SASL user name and password) keeps them on "
+            "librdkafka."
         ),
     )
     secret_ref: SecretRef | None = Field(
-        default=None, description="Secret with SASL/TLS client properties for the sink."
+        default=None,
+        description="Secret with SASL/TLS client properties for the sink: " + SECRET_KEYS,
     )
 
 

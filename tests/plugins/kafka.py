@@ -5,7 +5,8 @@ Fixtures:
 * ``kafka_broker`` (session): fetches the jars if needed (``devenv/fetch-jars.sh kafka``, a
   no-op when cached), starts a :class:`devenv.kafka.KafkaBroker` in a temp dir and returns once
   a transactional producer can commit on it; stopped at the end of the session. Use its
-  ``bootstrap_servers`` or ``client_config()``.
+  ``bootstrap_servers`` or ``client_config()``; ``sasl_bootstrap_servers`` and
+  ``sasl_plain_users`` for a listener that needs SASL/PLAIN credentials.
 * ``kafka_topic_factory`` (function): ``make(partitions=1, *, prefix=None, config=None) -> name``
   creates a uniquely named topic (topics are never auto-created on this broker).
 * ``kafka_topic`` (function): one fresh single-partition topic's name.
@@ -50,8 +51,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    """A running broker shared by the whole session (its log: ``kafka_broker.log_path``)."""
-    with KafkaBroker(tmp_path_factory.mktemp("kafka")) as broker:
+    """A running broker shared by the whole session (its log: ``kafka_broker.log_path``).
+
+    Besides PLAINTEXT it listens with SASL/PLAIN (``sasl_bootstrap_servers``) for one
+    user with a random password (``sasl_plain_users``).
+    """
+    users = {"eop-test": uuid.uuid4().hex}
+    with KafkaBroker(tmp_path_factory.mktemp("kafka"), sasl_plain_users=users) as broker:
         yield broker
 
 

@@ -10,10 +10,12 @@ import pytest
 from eop_spark.client_config import (
     SOURCE_FETCH_MAX_WAIT_MS,
     SOURCE_MAX_POLL_RECORDS,
+    java_client_properties,
     librdkafka_compatible,
     producer_config,
     read_secret_dir,
     sink_client_config,
+    sink_java_config,
     source_client_config,
     spark_source_options,
 )
@@ -77,6 +79,41 @@ def test_spark_source_options(tmp_path: Path) -> None:
     assert spark_source_options(make_config())["subscribe"] == "a,b"
 
 
+def test_librdkafka_credentials_become_the_java_clients_jaas_line() -> None:
+    plain = {"sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": 'p"w\\'}
+    java = java_client_properties({"security.protocol": "SASL_SSL", **plain})
+    assert java == {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "PLAIN",
+        # Quotes and backslashes escaped as the JAAS parser reads them.
+        "sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule required "
+        'username="u" password="p\\"w\\\\";',
+    }
+    # librdkafka's plural alias, and SCRAM.
+    scram = java_client_properties(
+        {"sasl.mechanisms": "scram-sha-512", "sasl.username": "u", "sasl.password": "p"}
+    )
+    assert scram["sasl.mechanism"] == "SCRAM-SHA-512" and "sasl.mechanisms" not in scram
+    assert scram["sasl.jaas.config"].startswith(
+        "org.apache.kafka.common.security.scram.ScramLoginModule required"
+    )
+    # Another mechanism, or half the credentials: as given.
+    kerberos = {**plain, "sasl.mechanism": "GSSAPI"}
+    for unchanged in (kerberos, {"sasl.username": "u"}):
+        assert java_client_properties(unchanged) == unchanged
+    # A JAAS line of the user's own is the Java clients' login; librdkafka's is left out.
+    own = java_client_properties({**plain, "sasl.jaas.config": "mine"})
+    assert own == {"sasl.mechanism": "PLAIN", "sasl.jaas.config": "mine"}
+
+
+def test_spark_source_gets_the_secret_credentials_as_jaas(tmp_path: Path) -> None:
+    properties = {"sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "p"}
+    root = secret_dir(tmp_path / "s", **properties)
+    options = spark_source_options(make_config(sourceSecretDir=str(root)))
+    assert "kafka.sasl.username" not in options and "kafka.sasl.password" not in options
+    assert 'username="u" password="p"' in options["kafka.sasl.jaas.config"]
+
+
 def with_source_options(**options: str) -> RunConfig:
     """A config whose one-topic source has these consumer ``options``."""
     return make_config(
@@ -123,6 +160,13 @@ def test_sink_options_and_secrets_merge_but_transactional_settings_are_owned(
         "compression.type": "lz4",
         "sasl.password": "secret",
     }
+    # The Java clients' own properties go to the JVM writer only: librdkafka refuses them.
+    java_only = secret_dir(tmp_path / "j", **{"sasl.jaas.config": "x", "sasl.password": "p"})
+    with_jaas = make_config(
+        sink={"kafka": {"bootstrapServers": "h:2", "topic": "o"}}, sinkSecretDir=str(java_only)
+    )
+    assert "sasl.jaas.config" not in sink_client_config(with_jaas)
+    assert sink_java_config(with_jaas)["sasl.jaas.config"] == "x"
     bad = make_config(
         sink={
             "kafka": {"bootstrapServers": "h:2", "topic": "o", "options": {"transactional.id": "x"}}

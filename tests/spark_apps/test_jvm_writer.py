@@ -208,6 +208,11 @@ def test_librdkafka_only_security_settings_keep_the_tasks_in_python(spark: Any) 
     # librdkafka's SASL user name has no Java client property: the Java client would
     # connect without credentials, so the tasks keep the librdkafka producers.
     assert jvm_writer.java_settings(spark, {**shared, "sasl.username": "u"}, 60_000) is None
+    # With the password and a mechanism the Java client logs in with, it gets them as JAAS.
+    login = {"sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "p"}
+    java = jvm_writer.java_settings(spark, {**shared, **login}, 60_000)
+    assert java is not None
+    assert all("sasl.jaas.config" in c and "sasl.username" not in c for c in java)
     # A librdkafka tuning knob the Java client lacks is only left out.
     assert jvm_writer.java_settings(spark, {**shared, "queue.buffering.max.ms": "5"}, 1) is not None
 
