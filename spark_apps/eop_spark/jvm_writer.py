@@ -39,22 +39,53 @@ CLASS = "io.exactlyonce.eop.PartitionedWriter"
 NO_JVM_WRITER_ENV = "EOP_NO_JVM_WRITER"
 
 
-def producer_defaults() -> dict[str, str]:
+#: The Java producer's own ``buffer.memory`` default, the most eop gives each producer.
+JAVA_BUFFER_MEMORY = 32 << 20
+#: The least: a quarter of it for each batch.
+MIN_BUFFER_MEMORY = 1 << 20
+#: The share of a task JVM's heap all its producers' buffers may keep together.
+HEAP_SHARE = 4
+
+
+def producer_defaults(heap_bytes: int, partitions: int) -> dict[str, str]:
     """The Java producer's own defaults eop changes (user options override them).
 
     The batching of the librdkafka producers (``client_config.producer_config``),
     and a shorter retry backoff: a new producer's first sendOffsetsToTransaction
     looks the group coordinator up and waited out one backoff, ~104 ms with the
     default 100 ms, ~12 ms with 10.
+
+    And a ``buffer.memory`` that lets the producers of ``partitions`` ids keep
+    at most a quarter of the ``heap_bytes`` of the JVM that runs them. Each id's
+    producer lives as long as the JVM, and its buffer pool keeps every buffer
+    of ``batch.size`` it ever allocated (up to ``buffer.memory``, 32 MiB by
+    default) for reuse: a task that appends faster than the broker takes
+    (1 KiB records, large batches) fills it, so 16 partitions would keep 512 MiB
+    of a 1 GiB heap for good. Between 1 and 32 MiB each; ``batch.size`` at
+    most a quarter of it, so a few batches still fit.
     """
     # Imported here: the image's jar stage runs this file alone, without eop_spark.
     from eop_spark.client_config import producer_config
 
     batching = producer_config({}, "-", "60s")
+    share = heap_bytes // HEAP_SHARE // max(1, partitions)
+    memory = min(JAVA_BUFFER_MEMORY, max(MIN_BUFFER_MEMORY, share))
     return {
-        **{key: str(batching[key]) for key in ("linger.ms", "batch.size")},
+        "linger.ms": str(batching["linger.ms"]),
+        "batch.size": str(min(int(batching["batch.size"]), memory // 4)),
+        "buffer.memory": str(memory),
         "retry.backoff.ms": "10",
     }
+
+
+def task_heap_bytes(spark: Any) -> int:
+    """The heap of the JVMs that run the tasks: the driver's in local mode, else an executor's."""
+    jvm = spark.sparkContext._jvm
+    conf = spark.sparkContext.getConf()
+    if conf.get("spark.master", "local").startswith("local"):
+        return int(jvm.java.lang.Runtime.getRuntime().maxMemory())
+    memory = conf.get("spark.executor.memory", "1g")
+    return int(jvm.org.apache.spark.network.util.JavaUtils.byteStringAsBytes(memory))
 
 
 #: Properties that carry credentials or transport security: a librdkafka name among them that
@@ -148,7 +179,7 @@ def client_names(jvm: Any) -> tuple[frozenset[str], frozenset[str]]:
 
 
 def java_settings(
-    spark: Any, client_config: Mapping[str, str], transaction_timeout_ms: int
+    spark: Any, client_config: Mapping[str, str], transaction_timeout_ms: int, partitions: int
 ) -> tuple[dict[str, str], dict[str, str]] | None:
     """The Java producer's and G reader's properties from the sink's librdkafka settings.
 
@@ -156,12 +187,13 @@ def java_settings(
     JAAS (``client_config.java_client_properties``); other librdkafka names are
     left out (they tune librdkafka), unless they are security settings, which
     the Java client would then lack: ``None`` then, and the tasks stay in Python.
+    ``partitions``: how many ids the run's tasks hold (see :func:`producer_defaults`).
     """
     # Imported here: the image's jar stage runs this file alone, without eop_spark.
     from eop_spark.client_config import java_client_properties
 
     producer_names, reader_names = client_names(spark.sparkContext._jvm)
-    producer = producer_defaults()
+    producer = producer_defaults(task_heap_bytes(spark), partitions)
     reader: dict[str, str] = {}
     for name, value in java_client_properties(client_config).items():
         known = False

@@ -314,7 +314,8 @@ class PipelineRun:
         """
         if self.config.sink.kafka.commit_mode == CommitMode.COORDINATED:
             return None
-        jvm = JvmTasks.decide(spark, settings, sink_java_config(self.config), run)
+        java_config = sink_java_config(self.config)
+        jvm = JvmTasks.decide(spark, settings, java_config, run, len(partitions))
         if jvm is not None:
             jvm.prepare(spark, partitions)
         return jvm

@@ -387,12 +387,18 @@ class JvmTasks:
 
     @classmethod
     def decide(
-        cls, spark: SparkSession, sink: SinkSettings, java_config: dict[str, str], run: str
+        cls,
+        spark: SparkSession,
+        sink: SinkSettings,
+        java_config: dict[str, str],
+        run: str,
+        partitions: int,
     ) -> JvmTasks | None:
         """The JVM writer for ``run``'s tasks, or None when they stay in Python workers.
 
         ``java_config``: every sink client property, the Java clients' own ones
-        too (``client_config.sink_java_config``).
+        too (``client_config.sink_java_config``); ``partitions``: how many
+        source partitions (ids) the run has.
         """
         from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
 
@@ -404,7 +410,7 @@ class JvmTasks:
         if not isinstance(writer, JavaClass):
             return None  # the jar is not on the session's class path
         timeout = duration_ms(sink.transaction_timeout)
-        java = jvm_writer.java_settings(spark, java_config, timeout)
+        java = jvm_writer.java_settings(spark, java_config, timeout, partitions)
         if java is None:
             return None
         settings = jvm_writer.writer_settings(

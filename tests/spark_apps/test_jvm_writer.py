@@ -78,7 +78,8 @@ class Pipe:
     def settings(self, run: str = "run") -> str:
         """The settings JSON the partitioned sink gives the writer."""
         conf = {"bootstrap.servers": self.broker.bootstrap_servers}
-        producer = {**jvm_writer.producer_defaults(), **conf, "enable.idempotence": "true"}
+        defaults = jvm_writer.producer_defaults(1 << 30, 4)
+        producer = {**defaults, **conf, "enable.idempotence": "true"}
         return jvm_writer.writer_settings(self.sink, self.group, self.group, run, producer, conf)
 
     def batch(self, until: int, batch_id: int) -> str:
@@ -197,7 +198,7 @@ def test_a_prepared_producer_fenced_by_another_runner_is_rebuilt(spark: Any, pip
 
 def test_librdkafka_only_security_settings_keep_the_tasks_in_python(spark: Any) -> None:
     shared = {"bootstrap.servers": "b:9092", "security.protocol": "SASL_SSL", "linger.ms": "5"}
-    java = jvm_writer.java_settings(spark, shared, 60_000)
+    java = jvm_writer.java_settings(spark, shared, 60_000, 4)
     assert java is not None
     producer, reader = java
     assert producer["security.protocol"] == reader["security.protocol"] == "SASL_SSL"
@@ -207,14 +208,36 @@ def test_librdkafka_only_security_settings_keep_the_tasks_in_python(spark: Any) 
 
     # librdkafka's SASL user name has no Java client property: the Java client would
     # connect without credentials, so the tasks keep the librdkafka producers.
-    assert jvm_writer.java_settings(spark, {**shared, "sasl.username": "u"}, 60_000) is None
+    assert jvm_writer.java_settings(spark, {**shared, "sasl.username": "u"}, 60_000, 4) is None
     # With the password and a mechanism the Java client logs in with, it gets them as JAAS.
     login = {"sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "p"}
-    java = jvm_writer.java_settings(spark, {**shared, **login}, 60_000)
+    java = jvm_writer.java_settings(spark, {**shared, **login}, 60_000, 4)
     assert java is not None
     assert all("sasl.jaas.config" in c and "sasl.username" not in c for c in java)
     # A librdkafka tuning knob the Java client lacks is only left out.
-    assert jvm_writer.java_settings(spark, {**shared, "queue.buffering.max.ms": "5"}, 1) is not None
+    knob = {**shared, "queue.buffering.max.ms": "5"}
+    assert jvm_writer.java_settings(spark, knob, 1, 4) is not None
+
+
+def test_the_producers_buffers_keep_at_most_a_quarter_of_the_tasks_heap(spark: Any) -> None:
+    # Each id's producer keeps what its buffer pool ever allocated, up to buffer.memory.
+    shared = {"bootstrap.servers": "b:9092"}
+    heap = jvm_writer.task_heap_bytes(spark)  # local mode: the driver's own heap
+    assert heap == spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory()
+    for partitions in (1, 4, 64, 10_000):
+        java = jvm_writer.java_settings(spark, shared, 60_000, partitions)
+        assert java is not None
+        memory, batch = int(java[0]["buffer.memory"]), int(java[0]["batch.size"])
+        assert memory <= 32 << 20 and batch <= memory // 4
+        assert partitions * memory <= heap // 4 or memory == 1 << 20  # the floor
+    # Few partitions in a big heap: the Java producer's own default, eop's 1 MB batches.
+    few = jvm_writer.producer_defaults(4 << 30, 4)
+    assert few["buffer.memory"] == str(32 << 20) and few["batch.size"] == "1000000"
+    # 16 partitions in 1 GiB: not the 512 MiB the default would let them keep.
+    assert 16 * int(jvm_writer.producer_defaults(1 << 30, 16)["buffer.memory"]) <= 256 << 20
+    # The user's setting wins.
+    mine = jvm_writer.java_settings(spark, {**shared, "buffer.memory": "123456"}, 1, 10_000)
+    assert mine is not None and mine[0]["buffer.memory"] == "123456"
 
 
 def test_the_writer_is_built_once_per_source_and_skipped_without_a_jdk(
