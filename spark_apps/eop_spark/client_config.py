@@ -234,11 +234,20 @@ def java_client_properties(props: Mapping[str, str]) -> dict[str, str]:
     return result
 
 
+#: The Java-only property names a warning has named in this process.
+_WARNED_JAVA_ONLY: set[str] = set()
+
+
 def without_java_only(conf: Mapping[str, str]) -> dict[str, str]:
-    """``conf`` without the Java clients' own properties (named in a warning, never valued)."""
+    """``conf`` without the Java clients' own properties.
+
+    Each name is given in a warning (never its value) once per process: the
+    operator's lag check builds these settings at every check.
+    """
     result = {k: v for k, v in conf.items() if not k.startswith(_JAVA_ONLY_PREFIXES)}
-    for name in sorted(set(conf) - set(result)):
-        log.warning("property %s is Java-only; runner clients skip it", name)
+    for name in sorted(set(conf) - set(result) - _WARNED_JAVA_ONLY):
+        _WARNED_JAVA_ONLY.add(name)
+        log.warning("property %s is Java-only; librdkafka clients skip it", name)
     return result
 
 

@@ -18,6 +18,7 @@ from eop_spark.client_config import (
     sink_java_config,
     source_client_config,
     spark_source_options,
+    without_java_only,
 )
 from eop_spark.config import RunConfig
 from eop_spark.errors import ConfigError
@@ -112,6 +113,17 @@ def test_spark_source_gets_the_secret_credentials_as_jaas(tmp_path: Path) -> Non
     options = spark_source_options(make_config(sourceSecretDir=str(root)))
     assert "kafka.sasl.username" not in options and "kafka.sasl.password" not in options
     assert 'username="u" password="p"' in options["kafka.sasl.jaas.config"]
+
+
+def test_a_skipped_java_only_property_is_named_once_never_valued(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    name = f"ssl.truststore.test-{id(caplog)}"  # not named by an earlier test
+    with caplog.at_level("WARNING", logger="eop_spark.client_config"):
+        for _ in range(3):  # e.g. the operator's lag check, every interval
+            assert without_java_only({"a": "1", name: "s3cr3t"}) == {"a": "1"}
+    named = [r.getMessage() for r in caplog.records if name in r.getMessage()]
+    assert len(named) == 1 and "s3cr3t" not in caplog.text
 
 
 def with_source_options(**options: str) -> RunConfig:
