@@ -247,12 +247,13 @@ class KafkaBroker:
             "log.segment.bytes": str(64 * 1024 * 1024),
         }
         if self._sasl_port is not None:
-            props.update(self._sasl_properties(self._sasl_port))
+            props.update(self._sasl_properties())
         props.update(self.overrides)
         return props
 
-    def _sasl_properties(self, sasl_port: int) -> dict[str, str]:
+    def _sasl_properties(self) -> dict[str, str]:
         """The SASL_PLAINTEXT listener: PLAIN, with ``sasl_plain_users``' credentials."""
+        sasl_port = self._sasl_port
         users = " ".join(f'user_{name}="{pw}"' for name, pw in self.sasl_plain_users.items())
         return {
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},"

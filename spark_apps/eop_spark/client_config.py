@@ -119,7 +119,7 @@ def source_librdkafka_config(kafka: KafkaSource, secret: Mapping[str, str]) -> d
 
 def sink_client_config(config: RunConfig) -> dict[str, str]:
     """librdkafka settings shared by every client on the sink cluster (where G lives)."""
-    return sink_librdkafka_config(config.sink.kafka, read_secret_dir(config.sink_secret_dir))
+    return without_java_only(sink_java_config(config))
 
 
 def sink_librdkafka_config(kafka: KafkaSink, secret: Mapping[str, str]) -> dict[str, str]:

@@ -84,13 +84,17 @@ def producer_defaults(heap_bytes: int, partitions: int) -> dict[str, str]:
     }
 
 
+def tasks_run_in_driver(spark: Any) -> bool:
+    """Whether the driver's JVM runs the tasks (local mode)."""
+    return str(spark.sparkContext.master).startswith("local")
+
+
 def task_heap_bytes(spark: Any) -> int:
     """The heap of the JVMs that run the tasks: the driver's in local mode, else an executor's."""
     jvm = spark.sparkContext._jvm
-    conf = spark.sparkContext.getConf()
-    if conf.get("spark.master", "local").startswith("local"):
+    if tasks_run_in_driver(spark):
         return int(jvm.java.lang.Runtime.getRuntime().maxMemory())
-    memory = conf.get("spark.executor.memory", "1g")
+    memory = spark.sparkContext.getConf().get("spark.executor.memory", "1g")
     return int(jvm.org.apache.spark.network.util.JavaUtils.byteStringAsBytes(memory))
 
 

@@ -20,6 +20,7 @@ Exit codes are documented in :mod:`eop_spark.errors`.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import logging
 import os
 import signal
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from eop_spark import preflight
 from eop_spark.allocator import keep_freed_memory
 from eop_spark.batch_log import BatchResult, configure_logging, log_batch
-from eop_spark.client_config import sink_client_config, sink_java_config, source_client_config
+from eop_spark.client_config import sink_java_config, source_client_config, without_java_only
 from eop_spark.config import RunConfig
 from eop_spark.errors import EXIT_OK, ConfigError, EopError, PipelineFailed, from_failure
 from eop_spark.jars import connector_jars
@@ -190,12 +191,22 @@ class PipelineRun:
         self.stop = stop
         self.counters = Counters()
 
+    @functools.cached_property
+    def sink_properties(self) -> dict[str, str]:
+        """Every sink client property (``sink_java_config``), its Secret read once per run.
+
+        The librdkafka clients get them without the Java-only ones
+        (``sink_client_config``), the JVM writer all of them: both from one
+        reading, so a Secret updated meanwhile cannot give them different logins.
+        """
+        return sink_java_config(self.config)
+
     def run(self) -> int:
         """Check, start Spark and the query, supervise it; return the exit code."""
         config = self.config
         jars = connector_jars()
         source_conf = source_client_config(config)
-        sink_conf = sink_client_config(config)
+        sink_conf = without_java_only(self.sink_properties)
         kafka = config.source.kafka
         partitions = preflight.source_partitions(source_conf, kafka.topics, kafka.topic_pattern)
         preflight.sink_partition_count(sink_conf, config.sink.kafka.topic)
@@ -314,8 +325,7 @@ class PipelineRun:
         """
         if self.config.sink.kafka.commit_mode == CommitMode.COORDINATED:
             return None
-        java_config = sink_java_config(self.config)
-        jvm = JvmTasks.decide(spark, settings, java_config, run, len(partitions))
+        jvm = JvmTasks.decide(spark, settings, self.sink_properties, run, len(partitions))
         if jvm is not None:
             jvm.prepare(spark, partitions)
         return jvm

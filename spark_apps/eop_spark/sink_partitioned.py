@@ -426,7 +426,7 @@ class JvmTasks:
         (``PartitionedWriter.prepare``); call it after the run's take-over and
         any reset of G.
         """
-        if str(spark.sparkContext.master).startswith("local"):
+        if jvm_writer.tasks_run_in_driver(spark):
             self.writer.prepare(self.settings, json.dumps([[t, p] for t, p in partitions]))
             self.prepared = True
 
