@@ -165,6 +165,12 @@ class KafkaSource(SpecModel):
         default=None,
         description="Secret with SASL/TLS client properties for the source: " + SECRET_KEYS,
     )
+    allow_missing_progress: bool | None = Field(
+        default=None,
+        description="Opt-in: a new checkpoint generation starts partitions the pipeline "
+        "committed before but whose progress is gone from the progress group (expired or "
+        "deleted) at startingOffsets, instead of stopping; their output may repeat or skip.",
+    )
 
     @field_validator("starting_offsets")
     @classmethod
@@ -222,6 +228,12 @@ class TransformSpec(SpecModel):
     python: PythonTransform | None = Field(default=None, description="A Python callable instead.")
     output_mode: OutputMode = Field(
         default=OutputMode.APPEND, description="Spark output mode for stateful queries."
+    )
+    allow_empty_state: bool | None = Field(
+        default=None,
+        description="Opt-in: a new checkpoint generation of a stateful query (aggregation, "
+        "window, deduplication, join) restarts with empty state where the progress group "
+        "resumes, instead of stopping; windows open at that point are published incomplete.",
     )
 
 
