@@ -69,6 +69,10 @@ class ProducerFenced(SinkRetryable):
     """Another process initialised our transactional id: our producer is dead."""
 
 
+class TransactionTimedOut(SinkRetryable):
+    """A sink transaction outlived the transaction timeout, and the broker aborts such one."""
+
+
 class ProgressConflict(PipelineFailed):
     """The progress group disagrees with the checkpoint in a way that would duplicate output."""
 
@@ -126,6 +130,28 @@ _ERRORS_BY_NAME: dict[str, type[EopError]] = {
         PipelineFailed,
         SinkRetryable,
         ProducerFenced,
+        TransactionTimedOut,
         ProgressConflict,
     )
 }
+
+
+def after_transaction(
+    error: BaseException, what: str, open_s: float, timeout_ms: int
+) -> BaseException:
+    """``error`` of a transaction open ``open_s`` seconds, named for its timeout if it outlived it.
+
+    The broker aborts a transaction older than ``transaction.timeout.ms``; the
+    producer then fails with a fencing or epoch error that says nothing of
+    time.  Errors that are not the sink's (configuration, the query) pass as
+    they are.
+    """
+    retryable = isinstance(error, SinkRetryable) or not isinstance(error, EopError)
+    if not retryable or open_s * 1000.0 < timeout_ms:
+        return error
+    return TransactionTimedOut(
+        f"{what} was open {open_s * 1000.0:.0f} ms, longer than sink.kafka.transactionTimeout "
+        f"({timeout_ms} ms), and the broker aborts such a transaction: raise "
+        "sink.kafka.transactionTimeout or make batches smaller with "
+        f"source.kafka.maxOffsetsPerTrigger ({type(error).__name__}: {error})"
+    )

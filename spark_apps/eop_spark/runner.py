@@ -46,7 +46,7 @@ from eop_spark.progress import ProgressGroup
 from eop_spark.reasons import failure_line
 from eop_spark.reset import reset_for_stateless_generation
 from eop_spark.session import build_session
-from eop_spark.sink_coordinated import CoordinatedSink
+from eop_spark.sink_coordinated import CoordinatedSink, bounded_batches
 from eop_spark.sink_partitioned import JvmTasks, PartitionedSink, warm_up_workers
 from eop_spark.sink_settings import SinkSettings, take_over
 from eop_spark.source import read_kafka, resolve_starting_offsets
@@ -283,6 +283,11 @@ class PipelineRun:
             if jvm is not None:
                 jvm.release()
             keep_freed_memory()  # this process moves every record (the workers do it themselves)
+            if (bounded := bounded_batches(config)) is not config:  # a batch is a transaction
+                bound = bounded.source.kafka.max_offsets_per_trigger
+                log.info("batches read at most %s records (sink.kafka.transactionTimeout)", bound)
+                df = read_kafka(spark, bounded, starting)
+                transformed = apply_transform(spark, df, config.transform)
         started: list[StreamingQuery] = []
         ready = threading.Event()
 

@@ -19,6 +19,14 @@ driver reads ``[S_N, E_N)`` from the checkpoint's offsets log, reads G, and:
 
 The producer is kept across batches and rebuilt after a fatal error; its
 ``init_transactions`` fences a zombie runner of the same pipeline.
+
+One batch is one transaction, which the broker aborts once it outlives the
+transaction timeout, and a retry reads the same range (it is fixed in the
+checkpoint): a batch must be small enough to write within the timeout
+(invariant 10).  The transaction begins with the first output record, after
+everything a shuffle computes first, and when the spec sets no
+``maxOffsetsPerTrigger`` the runner bounds each batch's input to what the
+driver writes in a third of the timeout (:func:`bounded_batches`).
 """
 
 from __future__ import annotations
@@ -32,12 +40,22 @@ from typing import TYPE_CHECKING
 
 from eop_spark.attempts import with_attempts
 from eop_spark.batch_log import BatchResult, BatchStatus
-from eop_spark.errors import EopError, ProducerFenced, ProgressConflict
-from eop_spark.offsets import BatchAction, batch_marker, decide_batch, marked_batch
+from eop_spark.config import RunConfig
+from eop_spark.errors import EopError, ProducerFenced, ProgressConflict, after_transaction
+from eop_spark.keep_alive import refresh
+from eop_spark.offsets import (
+    BatchAction,
+    Offsets,
+    TopicPartition,
+    batch_marker,
+    decide_batch,
+    marked_batch,
+)
 from eop_spark.offsets_log import OffsetsLog
 from eop_spark.progress import ProgressGroup
 from eop_spark.sink_contract import OutputLayout, produce_arrow_batch
 from eop_spark.sink_settings import SinkSettings
+from eop_spark.spec import duration_ms
 from eop_spark.transactions import TransactionalProducer
 
 if TYPE_CHECKING:
@@ -52,6 +70,35 @@ MODE = "coordinated"
 _BLOB = "__eop_arrow_ipc"
 #: Upper bound of the Arrow data in one such row (a Spark row is held whole in memory).
 BLOB_BYTES = 4 << 20
+#: Records per second the driver's one producer writes at the least, reading included (best
+#: measured: 212,000 of 100 bytes; see docs/exactly-once.md): sizes the default batch bound.
+DRIVER_RECORDS_PER_S = 100_000
+#: A batch's transaction should live at most this share of the transaction timeout.
+TIMEOUT_SHARE = 3
+
+
+def default_batch_records(transaction_timeout: str) -> int:
+    """The records one batch reads by default: what the driver writes in a third of the timeout.
+
+    2,000,000 with the default 60 s, 33,333 with 1 s.
+    """
+    return max(1, DRIVER_RECORDS_PER_S * duration_ms(transaction_timeout) // 1000 // TIMEOUT_SHARE)
+
+
+def bounded_batches(config: RunConfig) -> RunConfig:
+    """``config`` with the default ``maxOffsetsPerTrigger`` when its spec sets none.
+
+    For coordinated mode, whose batch is one transaction (the same object
+    when the spec bounds batches itself).
+    """
+    kafka = config.source.kafka
+    if kafka.max_offsets_per_trigger is not None:
+        return config
+    bound = default_batch_records(config.sink.kafka.transaction_timeout)
+    source = config.source.model_copy(
+        update={"kafka": kafka.model_copy(update={"max_offsets_per_trigger": bound})}
+    )
+    return config.model_copy(update={"source": source})
 
 
 def _slices(batch: pa.RecordBatch, limit: int) -> Iterator[pa.RecordBatch]:
@@ -157,18 +204,34 @@ class CoordinatedSink:
             if decision.detail:
                 log.warning("batch %d: %s", batch_id, decision.detail)
             started = time.monotonic()
-            producer.begin()
             try:
                 rows_out = 0
                 for batch in driver_batches(df.select(*self.layout.columns())):
+                    if not producer.in_transaction:  # open only while records are written
+                        started = time.monotonic()
+                        producer.begin()
                     rows_out += produce_arrow_batch(producer, self.sink.topic, batch, self.layout)
+                if not producer.in_transaction:
+                    started = time.monotonic()
+                    producer.begin()
                 producer.send_offsets(
                     end, self.sink.group_metadata, batch_marker(query_id, batch_id)
                 )
                 producer.commit()
-            except BaseException:
+            except BaseException as exc:
+                opened = producer.in_transaction
                 producer.abort()
-                raise
+                if not opened:
+                    raise
+                error = after_transaction(
+                    exc,
+                    f"the transaction of {self.sink.transactional_id()} (batch {batch_id})",
+                    time.monotonic() - started,
+                    duration_ms(self.sink.transaction_timeout),
+                )
+                if error is exc:
+                    raise
+                raise error from exc
             txn_ms = (time.monotonic() - started) * 1000.0
             return BatchResult(
                 batch_id, MODE, BatchStatus.COMMITTED, rows_out, end, txn_ms, transactions=1
@@ -178,6 +241,15 @@ class CoordinatedSink:
         result.fenced = sum(isinstance(error, ProducerFenced) for error in failures)
         result.aborted = len(failures)
         return result
+
+    def refresh_progress(self, partitions: Iterable[TopicPartition]) -> Offsets:
+        """Re-commit what G holds, under this sink's producer (between batches only).
+
+        The producer (``<prefix>.driver``, the only id this mode moves G with)
+        is initialised before G is read, as for a batch; see
+        :mod:`eop_spark.keep_alive`.
+        """
+        return refresh(self._ready_producer(), self.progress, partitions, self.sink.group_metadata)
 
     def close(self) -> None:
         """Release the producer."""

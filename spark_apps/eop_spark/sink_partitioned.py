@@ -15,6 +15,16 @@ transactional producer ``<prefix>.<t>.<p>``:
    (a producer fenced since its last use fails here, before any row is
    consumed, and is rebuilt), produces the rows with offset ``>= c``, commits.
 
+A range that takes longer than a third of the transaction timeout to write
+is committed in several transactions (invariant 10): once the open one has
+lived that long, the task commits it at the next row of a higher source
+offset, with G at the offset after the last row it produced, and begins the
+next (its offsets first again).  A replay then produces the rows from there
+on: each transaction still moves G over exactly the rows it made visible.
+The clock is read once per Arrow batch (per :data:`ROWS_PER_CLOCK_CHECK`
+rows in the JVM); rows the transform filtered out never reach the task and
+are covered by the next commit's G.
+
 Reading ``c`` after the producer obtained its epoch is what makes this safe:
 a commit succeeds only if nobody initialised the id since, so nobody can have
 moved G in between.  For the same reason a producer that committed ``(t, p)``
@@ -57,7 +67,7 @@ from typing import TYPE_CHECKING, Any
 from eop_spark import jvm_writer
 from eop_spark.attempts import with_attempts
 from eop_spark.batch_log import BatchResult, BatchStatus
-from eop_spark.errors import PipelineFailed, ProducerFenced
+from eop_spark.errors import PipelineFailed, ProducerFenced, after_transaction
 from eop_spark.offsets import Offsets, TopicPartition, batch_marker, marker_batch
 from eop_spark.offsets_log import OffsetsLog
 from eop_spark.producer_hub import commit_via_hub, handed_over_here, note_holder, worth_the_hop
@@ -96,6 +106,14 @@ STATS_SCHEMA = (
 BATCH_PROPERTY = "eop.partitioned.batch"
 #: The local property Spark itself gives every job of a streaming batch.
 SPARK_BATCH_PROPERTY = "streaming.sql.batchId"
+#: A task's transaction lives at most this share of the transaction timeout before the task
+#: commits what it produced and begins the next (the broker aborts it at the timeout).
+TIMEOUT_SHARE = 3
+#: In the JVM writer, rows between two looks at the clock (its ROWS_PER_CLOCK_CHECK).
+ROWS_PER_CLOCK_CHECK = 1024
+#: Appended to the batch's marker for an intermediate commit, so that G short of the batch
+#: end is never taken for the batch done (see offsets.marked_batch).
+PARTIAL_SUFFIX = ":partial"
 
 
 @dataclass(frozen=True)
@@ -258,16 +276,30 @@ def commit_partition(
         except BaseException:
             producer.abort()
             raise
+        open_txn = _OpenTransaction(task, tp, committed, started)
         try:
-            rows_out = _produce(producer, sink.topic, task.layout, tp, committed, batches)
+            rows_out = _produce(producer, open_txn, batches)
             producer.commit()
             producer.known_progress[task.run] = until
-        except BaseException:
+        except BaseException as exc:
             aborted = producer.abort()
             if not producer.usable:
                 _discard(sink, tp)
             log.warning("transaction of %s aborted=%s", sink.transactional_id(tp), aborted)
-            raise
+            what = f"the transaction of {sink.transactional_id(tp)}"
+            error = after_transaction(
+                exc, what, time.monotonic() - open_txn.opened_at, open_txn.timeout_ms
+            )
+            if error is exc:
+                raise
+            raise error from exc
+        if open_txn.transactions > 1:
+            log.info(
+                "%s: %d rows in %d transactions",
+                sink.transactional_id(tp),
+                rows_out,
+                open_txn.transactions,
+            )
         txn_ms = (time.monotonic() - started) * 1000.0
         return PartitionOutcome(tp[0], tp[1], BatchStatus.COMMITTED, rows_out, txn_ms, fenced, 0)
     raise ProducerFenced(
@@ -286,26 +318,72 @@ def _drain(batches: Iterable[Any]) -> None:
         pass
 
 
+class _OpenTransaction:
+    """A task's transactions: G so far, the last offset produced, when the open one began."""
+
+    def __init__(self, task: PartitionTask, tp: TopicPartition, committed: int, at: float) -> None:
+        self.task = task
+        self.tp = tp
+        #: Rows below this offset are visible already (G, then each intermediate commit).
+        self.floor = committed
+        #: Whether an intermediate commit moved G (then no row may come below it).
+        self.moved = False
+        self.last = -1
+        self.transactions = 1
+        self.opened_at = at
+        self.timeout_ms = duration_ms(task.sink.transaction_timeout)
+        self.commit_after_s = self.timeout_ms / 1000.0 / TIMEOUT_SHARE
+
+    def overdue(self) -> bool:
+        """Whether the open transaction has lived its share of the timeout."""
+        return time.monotonic() - self.opened_at >= self.commit_after_s
+
+    def commit_so_far(self, producer: TransactionalProducer) -> None:
+        """Commit the rows produced so far, G after the last one; begin the next transaction."""
+        sink, tp, marker = self.task.sink, self.tp, self.task.marker
+        # The last offsets added for a partition in a transaction are the ones it commits.
+        producer.send_offsets({tp: self.last + 1}, sink.group_metadata, marker + PARTIAL_SUFFIX)
+        producer.commit()
+        self.floor, self.moved = self.last + 1, True
+        self.transactions += 1
+        self.opened_at = time.monotonic()
+        producer.begin()
+        producer.send_offsets({tp: self.task.end_offsets[tp]}, sink.group_metadata, marker)
+
+
 def _produce(
     producer: TransactionalProducer,
-    topic: str,
-    layout: OutputLayout,
-    tp: TopicPartition,
-    committed: int,
+    txn: _OpenTransaction,
     batches: Iterable[pa.RecordBatch],
 ) -> int:
     import pyarrow.compute as pc  # type: ignore[import-untyped]
 
+    task, tp = txn.task, txn.tp
     rows_out = 0
     for batch in batches:
         if batch.num_rows == 0:
             continue
         _check_single_partition(batch, tp)
         offsets = batch.column(SOURCE_OFFSET)
-        if committed > 0 and pc.min(offsets).as_py() < committed:
+        lowest = pc.min(offsets).as_py()
+        if lowest < txn.floor:
+            if txn.moved:
+                raise PipelineFailed(
+                    "partitioned commit mode needs each task's rows in source offset order, "
+                    f"but a row of {tp} at offset {lowest} came after offset {txn.floor}; "
+                    "use commitMode coordinated for this query"
+                )
             # Part of this range is visible already (e.g. a writer with other batch bounds).
-            batch = batch.filter(pc.greater_equal(offsets, committed))
-        rows_out += produce_arrow_batch(producer, topic, batch, layout)
+            batch = batch.filter(pc.greater_equal(offsets, txn.floor))
+            if batch.num_rows == 0:
+                continue
+            offsets = batch.column(SOURCE_OFFSET)
+            lowest = pc.min(offsets).as_py()
+        # Only between two source offsets: the output rows of one record stay together.
+        if 0 <= txn.last < lowest and txn.overdue():
+            txn.commit_so_far(producer)
+        rows_out += produce_arrow_batch(producer, task.sink.topic, batch, task.layout)
+        txn.last = max(txn.last, pc.max(offsets).as_py())
     return rows_out
 
 

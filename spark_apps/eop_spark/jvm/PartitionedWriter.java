@@ -6,7 +6,8 @@
  * the transactional producer <prefix>.<t>.<p>: makes sure the producer holds the id
  * (initTransactions when built), reads c = G's stable committed offset for (t, p) unless it
  * knows it, skips if c >= until, else begins, adds {(t, p): until} for G first, sends the rows
- * with offset >= c and commits. One producer per id lives as long as the JVM, so the tasks of
+ * with offset >= c and commits. A range that takes longer than a third of the transaction timeout
+ * is committed in several transactions (see send). One producer per id lives as long as the JVM, so the tasks of
  * every batch that run here share it; a task holds its id's lock for the whole transaction.
  * Where the driver's JVM runs the tasks (local mode), the runner has it take the run's ids and
  * read G for them while the query is planned and started (prepare), so the first batch's tasks
@@ -73,6 +74,12 @@ public final class PartitionedWriter {
   static final String SOURCE_PARTITION = "__eop_src_partition";
   static final String SOURCE_OFFSET = "__eop_src_offset";
   static final int ATTEMPTS = 3;
+  /** Appended to the batch's marker for an intermediate commit (see commitSoFar). */
+  static final String PARTIAL = ":partial";
+  /** A transaction lives at most this share of transaction.timeout.ms before a task commits. */
+  static final long TIMEOUT_SHARE = 3;
+  /** Rows between two looks at the clock (System.nanoTime per row would cost the fast path). */
+  static final int ROWS_PER_CLOCK_CHECK = 1024;
   static final ObjectMapper JSON = new ObjectMapper();
 
   /** One transactional id's producer, what it knows of G per run, and the run it last served. */
@@ -127,6 +134,8 @@ public final class PartitionedWriter {
     final String run;
     final Map<String, Object> producer;
     final Map<String, Object> reader;
+    /** How long a transaction may stay open before the task commits what it produced. */
+    final long commitAfterNanos;
 
     Settings(JsonNode node) {
       topic = node.get("topic").asText();
@@ -135,6 +144,9 @@ public final class PartitionedWriter {
       run = node.get("run").asText();
       producer = properties(node.get("producer"));
       reader = properties(node.get("reader"));
+      long timeoutMs =
+          Long.parseLong(String.valueOf(producer.getOrDefault("transaction.timeout.ms", "60000")));
+      commitAfterNanos = timeoutMs * 1_000_000L / TIMEOUT_SHARE;
     }
 
     String transactionalId(String topic, int partition) {
@@ -414,13 +426,17 @@ public final class PartitionedWriter {
           abort(slot, held);
           throw failure(e, "adding the offsets of " + tp + " to the transaction of " + id);
         }
-        long out = 0;
+        Progress progress = new Progress(settings, batch, tp, committed, started);
         try {
-          out = send(producer, settings.topic, layout, rows, tp, committed);
+          send(producer, settings.topic, layout, rows, progress);
           producer.commitTransaction();
         } catch (RuntimeException e) {
           abort(slot, held);
-          throw failure(e, "the transaction of " + id);
+          throw failure(e, "the transaction of " + id, progress.openedAt, settings);
+        }
+        long out = progress.out;
+        if (progress.transactions > 1) {
+          LOG.info("{}: {} rows in {} transactions", id, out, progress.transactions);
         }
         held.lastRun = settings.run;
         held.known.put(settings.run, until);
@@ -435,17 +451,53 @@ public final class PartitionedWriter {
         null);
   }
 
-  static long send(
+  /**
+   * Where a task's transactions stand: the rows sent, the offset G was last moved to in this
+   * task, the highest source offset sent, and when the open transaction began.
+   */
+  static final class Progress {
+    final Settings settings;
+    final Batch batch;
+    final TopicPartition tp;
+    /** Rows below this offset are visible already (G, then each intermediate commit). */
+    long floor;
+    /** Whether an intermediate commit moved G in this task (then no row may come below it). */
+    boolean moved;
+    long last = -1;
+    long out;
+    int transactions = 1;
+    long openedAt;
+
+    Progress(Settings settings, Batch batch, TopicPartition tp, long committed, long openedAt) {
+      this.settings = settings;
+      this.batch = batch;
+      this.tp = tp;
+      this.floor = committed;
+      this.openedAt = openedAt;
+    }
+  }
+
+  /**
+   * Send the rows with offset >= G. A transaction open for a third of the transaction timeout
+   * is committed with G at (highest source offset sent + 1), at the first row of a
+   * higher offset (the output rows of one source record are never split), and the next begins
+   * with {(t, p): until} first, as the first did. A replay then produces the rows from there
+   * on, so a range of any length gets through (invariant 10). The clock is read every
+   * ROWS_PER_CLOCK_CHECK rows.
+   */
+  static void send(
       KafkaProducer<byte[], byte[]> producer,
       String topic,
       Layout layout,
       Rows rows,
-      TopicPartition tp,
-      long committed) {
+      Progress progress) {
     if (rows == null) {
-      return 0;
+      return;
     }
-    long out = 0;
+    TopicPartition tp = progress.tp;
+    long due = progress.openedAt + progress.settings.commitAfterNanos;
+    boolean overdue = false;
+    int unchecked = 0;
     for (InternalRow row = rows.next(); row != null; row = rows.next()) {
       if (row.getInt(layout.sourcePartition) != tp.partition()
           || !layout.topicOf(row, tp.topic()).equals(tp.topic())) {
@@ -457,12 +509,55 @@ public final class PartitionedWriter {
                 + "; use commitMode coordinated for this query",
             null);
       }
-      if (row.getLong(layout.sourceOffset) >= committed) {
-        producer.send(layout.record(topic, row));
-        out++;
+      long offset = row.getLong(layout.sourceOffset);
+      if (offset < progress.floor) {
+        if (progress.moved) {
+          throw new TaskFailure(
+              "PipelineFailed",
+              "partitioned commit mode needs each task's rows in source offset order, but a row"
+                  + " of " + tp + " at offset " + offset + " came after offset "
+                  + progress.floor + "; use commitMode coordinated for this query",
+              null);
+        }
+        continue; // a replay: visible already
+      }
+      if (overdue && offset > progress.last) {
+        commitSoFar(producer, progress);
+        due = progress.openedAt + progress.settings.commitAfterNanos;
+        overdue = false;
+      }
+      producer.send(layout.record(topic, row));
+      progress.out++;
+      progress.last = Math.max(progress.last, offset);
+      if (++unchecked == ROWS_PER_CLOCK_CHECK) {
+        unchecked = 0;
+        overdue = System.nanoTime() >= due;
       }
     }
-    return out;
+  }
+
+  /** Commit the rows sent so far with G at the offset after the last one; begin the next. */
+  static void commitSoFar(KafkaProducer<byte[], byte[]> producer, Progress progress) {
+    // Not the batch's marker: a coordinated run of the checkpoint must not take G, short of
+    // the batch end, for the batch done (PARTIAL_SUFFIX in Python).
+    Map<TopicPartition, OffsetAndMetadata> upTo =
+        Collections.singletonMap(
+            progress.tp,
+            new OffsetAndMetadata(progress.last + 1, progress.batch.marker + PARTIAL + "\0"));
+    ConsumerGroupMetadata group = new ConsumerGroupMetadata(progress.settings.group);
+    // The last offsets added for a partition in a transaction are the ones it commits.
+    producer.sendOffsetsToTransaction(upTo, group);
+    producer.commitTransaction();
+    progress.floor = progress.last + 1;
+    progress.moved = true;
+    progress.transactions++;
+    progress.openedAt = System.nanoTime();
+    producer.beginTransaction();
+    long until = progress.batch.end.get(progress.tp);
+    producer.sendOffsetsToTransaction(
+        Collections.singletonMap(
+            progress.tp, new OffsetAndMetadata(until, progress.batch.marker + "\0")),
+        group);
   }
 
   static void drain(Rows rows) {
@@ -536,6 +631,27 @@ public final class PartitionedWriter {
         throw failure(e, "reading progress group " + settings.group + " for " + tps);
       }
     }
+  }
+
+  /**
+   * As failure(e, what), but a transaction that was open longer than the transaction timeout
+   * (opened at ``openedAt``, System.nanoTime) is reported as what happened to it: the broker
+   * aborts such a transaction (eop_spark.errors.transaction_timed_out says the same).
+   */
+  static TaskFailure failure(RuntimeException e, String what, long openedAt, Settings settings) {
+    long openMs = (System.nanoTime() - openedAt) / 1_000_000L;
+    long timeoutMs = settings.commitAfterNanos * TIMEOUT_SHARE / 1_000_000L;
+    if (e instanceof TaskFailure || openMs < timeoutMs) {
+      return failure(e, what);
+    }
+    return new TaskFailure(
+        "TransactionTimedOut",
+        what + " was open " + openMs + " ms, longer than sink.kafka.transactionTimeout ("
+            + timeoutMs + " ms), and the broker aborts such a transaction: raise"
+            + " sink.kafka.transactionTimeout or make batches smaller with"
+            + " source.kafka.maxOffsetsPerTrigger (" + e.getClass().getSimpleName() + ": "
+            + e.getMessage() + ")",
+        e);
   }
 
   static TaskFailure failure(RuntimeException e, String what) {
