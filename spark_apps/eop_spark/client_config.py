@@ -91,8 +91,8 @@ def spark_source_options(config: RunConfig) -> dict[str, str]:
     if kafka.topics is not None:
         options["subscribe"] = ",".join(kafka.topics)
     else:
-        assert kafka.topic_pattern is not None  # the spec's one_of guarantees it
-        options["subscribePattern"] = kafka.topic_pattern
+        assert kafka.subscribed_pattern is not None  # the spec's one_of guarantees it
+        options["subscribePattern"] = kafka.subscribed_pattern
     if kafka.max_offsets_per_trigger is not None:
         options["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)
     props = {**kafka.options, **read_secret_dir(config.source_secret_dir)}

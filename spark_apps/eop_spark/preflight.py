@@ -64,7 +64,8 @@ def source_partitions(
     if topics is None:
         assert pattern is not None
         regex = re.compile(pattern)
-        topics = sorted(t for t in metadata.topics if regex.fullmatch(t))
+        # Internal topics (__consumer_offsets, ...) never match, as the Spark source's pattern.
+        topics = sorted(t for t in metadata.topics if not t.startswith("__") and regex.fullmatch(t))
     result: list[TopicPartition] = []
     for topic in topics:
         partitions = _partitions(metadata, topic)

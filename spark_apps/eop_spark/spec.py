@@ -12,16 +12,19 @@ and ``json_schema_extra``: each becomes both a pydantic validator (for
 
 from __future__ import annotations
 
-import json
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import core_schema as cs
 
 #: Kubernetes-style durations accepted everywhere in the spec: ``500ms``, ``30s``, ``5m``, ``1h``.
-DURATION_PATTERN = r"^[0-9]+(ms|s|m|h)$"
+#: At most six digits, so every duration also parses as CEL's (Go's) duration in the API server.
+DURATION_PATTERN = r"^[0-9]{1,6}(ms|s|m|h)$"
 _DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 
 #: The key of a JSON-schema extra holding CEL rules, as the CRD wants them.
@@ -37,7 +40,69 @@ def duration_ms(duration: str) -> int:
     return int(duration[: -len(unit)]) * _DURATION_UNITS_MS[unit]
 
 
-Duration = Annotated[str, Field(pattern=DURATION_PATTERN, examples=["30s"])]
+Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=8, examples=["30s"])]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule declared once and enforced twice: CEL in the CRD, Python in pydantic.
+
+    On a model (its ``rules``) ``holds`` receives the model; in a field's
+    ``Annotated`` metadata it receives the field's value.  A rule whose message
+    names the offending value adds ``message_expression`` (CEL) and ``explain``
+    (Python).  The API server runs the CEL on ``kubectl apply``; pydantic runs
+    ``holds`` for ``eop run``, ``eop render`` and the operator.
+    """
+
+    cel: str
+    holds: Callable[[Any], bool]
+    message: str
+    field_path: str | None = None
+    message_expression: str | None = None
+    explain: Callable[[Any], str] | None = None
+
+    def cel_rule(self) -> dict[str, str]:
+        """The ``x-kubernetes-validations`` entry."""
+        rule = {"rule": self.cel, "message": self.message}
+        if self.field_path is not None:
+            rule["fieldPath"] = self.field_path
+        if self.message_expression is not None:
+            rule["messageExpression"] = self.message_expression
+        return rule
+
+    def check(self, value: Any) -> Any:
+        """Return ``value`` when the rule holds, else raise ValueError with the message."""
+        if not self.holds(value):
+            raise ValueError(self.explain(value) if self.explain is not None else self.message)
+        return value
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> cs.CoreSchema:
+        return cs.no_info_after_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict[str, Any]:
+        out: dict[str, Any] = handler(schema)
+        out.setdefault(CEL_RULES_KEY, []).append(self.cel_rule())
+        return out
+
+
+def matches(regex: str, message: str) -> Rule:
+    """A field rule: the value contains a match of ``regex`` (anchor it), in RE2 and Python.
+
+    ``regex`` must mean the same to both engines and hold no single quote (it is
+    a CEL raw string).
+    """
+    return Rule(f"self.matches(r'{regex}')", lambda v: re.search(regex, v) is not None, message)
+
+
+def at_least(name: str, minimum: str) -> Rule:
+    """A duration field rule: ``name`` is at least ``minimum`` (both spec durations)."""
+    return Rule(
+        f"!self.matches(r'{DURATION_PATTERN}') || duration(self) >= duration('{minimum}')",
+        lambda v: (
+            re.fullmatch(DURATION_PATTERN, v) is None or duration_ms(v) >= duration_ms(minimum)
+        ),
+        f"{name} must be at least {minimum}",
+    )
 
 
 class SpecModel(BaseModel):
@@ -47,6 +112,7 @@ class SpecModel(BaseModel):
     one must be set) and ``at_most_one_of``.  A boolean field counts as set
     when true.  Each group is checked in Python (for ``eop run`` on a laptop)
     and emitted as a CEL rule in the generated CRD (for ``kubectl apply``).
+    ``rules`` (:class:`Rule`) relate fields of the model the same two ways.
     """
 
     model_config = ConfigDict(
@@ -57,6 +123,7 @@ class SpecModel(BaseModel):
     )
     one_of: ClassVar[tuple[tuple[str, ...], ...]] = ()
     at_most_one_of: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    rules: ClassVar[tuple[Rule, ...]] = ()
 
     @classmethod
     def _choice_groups(cls) -> list[tuple[tuple[str, ...], bool, str]]:
@@ -79,6 +146,8 @@ class SpecModel(BaseModel):
             chosen = [name for name in group if getattr(self, name) not in (None, False)]
             if len(chosen) > 1 or (exactly and not chosen):
                 raise ValueError(message)
+        for rule in self.rules:
+            rule.check(self)
         return self
 
     @classmethod
@@ -95,6 +164,7 @@ class SpecModel(BaseModel):
                 terms.append(f"({set_test} ? 1 : 0)")
             bound = "== 1" if exactly else "<= 1"
             rules.append({"rule": f"{' + '.join(terms)} {bound}", "message": message})
+        rules += [rule.cel_rule() for rule in cls.rules]
         if rules:
             schema[CEL_RULES_KEY] = rules
         return schema
@@ -125,41 +195,133 @@ class StartingOffsets(StrEnum):
     LATEST = "latest"
 
 
+_PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+_HOST_PORT = rf"([A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):{_PORT}"
+#: A comma-separated ``host:port`` list (port 1-65535); a host name, IPv4 or [IPv6] address.
+BOOTSTRAP_SERVERS = matches(
+    rf"^\s*{_HOST_PORT}\s*(,\s*{_HOST_PORT}\s*)*$",
+    "must be a comma-separated host:port list with ports 1-65535, e.g. kafka-0:9092,kafka-1:9092",
+)
+
+#: Kafka's legal topic names (the broker refuses others).
+TOPIC_PATTERN = r"^[A-Za-z0-9._-]+$"
+Topic = Annotated[str, Field(min_length=1, max_length=249, pattern=TOPIC_PATTERN)]
+
+_OFFSET_ENTRY = r'"[0-9]{1,9}"\s*:\s*(-1|-2|[0-9]{1,18})'
+_TOPIC_ENTRY = rf'"[A-Za-z0-9._-]+"\s*:\s*\{{\s*{_OFFSET_ENTRY}(\s*,\s*{_OFFSET_ENTRY})*\s*\}}'
+_STARTING_JSON = rf"^\s*\{{\s*{_TOPIC_ENTRY}(\s*,\s*{_TOPIC_ENTRY})*\s*\}}\s*$"
+_NAMED_STARTS = tuple(s.value for s in StartingOffsets)
+STARTING_OFFSETS = Rule(
+    f"self in {list(_NAMED_STARTS)} || self.matches(r'{_STARTING_JSON}')",
+    lambda v: v in _NAMED_STARTS or re.search(_STARTING_JSON, v) is not None,
+    "startingOffsets must be earliest, latest or a JSON object mapping topic -> partition -> "
+    'offset, e.g. {"events":{"0":42,"1":-2}} (offsets are numbers: -2 earliest, -1 latest)',
+)
+
+#: Regex syntax that Java's and Python's engines read differently or only one of them knows:
+#: lookbehind, named groups ((?<n>...) in Java, (?P<n>...) in Python), atomic groups,
+#: possessive quantifiers, Unicode classes, \Q...\E quoting and other Java-only escapes,
+#: class intersection.
+_UNPORTABLE_REGEX = r"\(\?(<|P|>)|[*+?}]\+|\\[pPQEhHRXGKz]|&&"
+TOPIC_REGEX = Rule(
+    f"!self.matches(r'{_UNPORTABLE_REGEX}')",
+    lambda v: re.search(_UNPORTABLE_REGEX, v) is None,
+    "topicPattern uses regex syntax that Java and Python read differently (lookbehind, named or "
+    "atomic groups, possessive quantifiers, \\p{..}, \\Q..\\E, &&): use plain groups, classes, "
+    "alternation and quantifiers",
+)
+
+#: Kafka client properties that hold secrets: they belong in the Secret of secretRef.
+CREDENTIAL_PROPERTIES = (
+    "sasl.password",
+    "sasl.jaas.config",
+    "sasl.oauthbearer.client.secret",
+    "sasl.oauthbearer.client.credentials.client.secret",
+    "sasl.oauthbearer.assertion.private.key.passphrase",
+    "sasl.oauthbearer.config",
+    "ssl.key.password",
+    "ssl.key.pem",
+    "ssl.keystore.password",
+    "ssl.keystore.key",
+    "ssl.truststore.password",
+    "basic.auth.user.info",
+)
+_CREDENTIALS = [*CREDENTIAL_PROPERTIES, *(f"kafka.{name}" for name in CREDENTIAL_PROPERTIES)]
+
+
+def _credential_keys(options: dict[str, str]) -> list[str]:
+    return [key for key in options if key.lower() in _CREDENTIALS]
+
+
+NO_CREDENTIALS = Rule(
+    f"self.all(k, !(k.lowerAscii() in {_CREDENTIALS}))",
+    lambda v: not _credential_keys(v),
+    "options must not hold credentials: put them in a Secret named by secretRef",
+    message_expression=f"'options.' + self.filter(k, k.lowerAscii() in {_CREDENTIALS})[0] + "
+    "' is a credential: put it in a Secret and name the Secret in secretRef'",
+    explain=lambda v: (
+        f"options.{_credential_keys(v)[0]} is a credential: put it in a Secret "
+        "and name the Secret in secretRef"
+    ),
+)
+_NO_CREDENTIALS_DOC = (
+    " Credentials (" + ", ".join(CREDENTIAL_PROPERTIES) + ") are refused: they belong in the "
+    "Secret of secretRef."
+)
+#: Client properties: bounded, so the API server's CEL cost estimate stays within budget.
+ClientOptions = Annotated[dict[str, str], Field(max_length=100), NO_CREDENTIALS]
+
+
+def python_regex_error(pattern: str) -> str | None:
+    """Why Python cannot compile ``pattern`` (the runner and the operator match with it)."""
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return str(exc)
+    return None
+
+
 class KafkaSource(SpecModel):
     """Where the pipeline reads: Kafka topics, read with ``read_committed`` isolation."""
 
     one_of = (("topics", "topic_pattern"),)
 
-    bootstrap_servers: str = Field(
-        min_length=1, description="Comma-separated host:port list of the source cluster."
+    bootstrap_servers: Annotated[str, BOOTSTRAP_SERVERS] = Field(
+        min_length=1,
+        max_length=2000,
+        description="Comma-separated host:port list of the source cluster (ports 1-65535).",
     )
-    topics: list[Annotated[str, Field(min_length=1, max_length=249)]] | None = Field(
-        default=None, min_length=1, description="Topics to read."
+    topics: list[Topic] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1000,
+        description="Topics to read (Kafka topic names: letters, digits, '.', '_', '-').",
     )
-    topic_pattern: str | None = Field(
-        default=None, min_length=1, description="Java regex of topics to read (instead of topics)."
+    topic_pattern: Annotated[str, TOPIC_REGEX] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1000,
+        description="Regex of topics to read instead of topics, matched against whole names. "
+        "Internal topics (names starting with __) never match. Syntax that Java and Python "
+        "read differently is refused (lookbehind, named or atomic groups, possessive "
+        "quantifiers, \\p{..}, \\Q..\\E, &&).",
     )
-    starting_offsets: str = Field(
+    starting_offsets: Annotated[str, STARTING_OFFSETS] = Field(
         default=StartingOffsets.EARLIEST.value,
+        max_length=10000,
         description=(
             "Where partitions never seen by the pipeline start: earliest, latest, or Spark's "
-            'per-partition JSON such as {"events":{"0":42,"1":-2}} (-2 earliest, -1 latest).'
+            'per-partition JSON such as {"events":{"0":42,"1":-2}} (-2 earliest, -1 latest; '
+            "offsets are numbers, not strings)."
         ),
-        json_schema_extra={
-            CEL_RULES_KEY: [
-                {
-                    "rule": "self == 'earliest' || self == 'latest' || self.startsWith('{')",
-                    "message": "startingOffsets must be earliest, latest or a JSON object",
-                }
-            ]
-        },
     )
     max_offsets_per_trigger: int | None = Field(
         default=None, ge=1, description="Upper bound of records read per micro-batch."
     )
-    options: dict[str, str] = Field(
+    options: ClientOptions = Field(
         default_factory=dict,
-        description="Extra Kafka consumer properties (without the kafka. prefix).",
+        description="Extra Kafka consumer properties (without the kafka. prefix)."
+        + _NO_CREDENTIALS_DOC,
     )
     secret_ref: SecretRef | None = Field(
         default=None,
@@ -172,18 +334,23 @@ class KafkaSource(SpecModel):
         "deleted) at startingOffsets, instead of stopping; their output may repeat or skip.",
     )
 
-    @field_validator("starting_offsets")
-    @classmethod
-    def _valid_starting_offsets(cls, value: str) -> str:
-        if value in {s.value for s in StartingOffsets}:
-            return value
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"startingOffsets is not earliest, latest or JSON: {exc}") from exc
-        if not isinstance(parsed, dict):
-            raise ValueError("startingOffsets JSON must map topic -> partition -> offset")
-        return value
+    @model_validator(mode="after")
+    def _python_compiles_the_pattern(self) -> KafkaSource:
+        # The API server cannot compile a regex; the operator refuses it before a driver runs.
+        if self.topic_pattern is not None:
+            error = python_regex_error(self.topic_pattern)
+            if error is not None:
+                raise ValueError(
+                    f"topicPattern {self.topic_pattern!r} is not a valid regex: {error}"
+                )
+        return self
+
+    @property
+    def subscribed_pattern(self) -> str | None:
+        """``topicPattern`` as the clients match it: whole names, internal topics (``__``) never."""
+        if self.topic_pattern is None:
+            return None
+        return f"(?!__)(?:{self.topic_pattern})"
 
 
 class SourceSpec(SpecModel):
@@ -248,25 +415,32 @@ class CommitMode(StrEnum):
 class KafkaSink(SpecModel):
     """Where the pipeline writes, transactionally."""
 
-    bootstrap_servers: str = Field(
-        min_length=1, description="Comma-separated host:port list of the sink cluster."
+    bootstrap_servers: Annotated[str, BOOTSTRAP_SERVERS] = Field(
+        min_length=1,
+        max_length=2000,
+        description="Comma-separated host:port list of the sink cluster (ports 1-65535).",
     )
-    topic: str = Field(min_length=1, max_length=249, description="Output topic.")
+    topic: Topic = Field(
+        description="Output topic (a Kafka topic name: letters, digits, '.', '_', '-'); not one "
+        "of source.kafka.topics when both are on the same bootstrapServers."
+    )
     commit_mode: CommitMode = Field(
         default=CommitMode.AUTO,
         description="partitioned (record-wise queries), coordinated (any query), or auto.",
     )
-    transaction_timeout: Duration = Field(
-        default="60s", description="Kafka transaction.timeout.ms of the sink producers."
+    transaction_timeout: Annotated[Duration, at_least("transactionTimeout", "1s")] = Field(
+        default="60s",
+        description="Kafka transaction.timeout.ms of the sink producers; at least 1s.",
     )
-    options: dict[str, str] = Field(
+    options: ClientOptions = Field(
         default_factory=dict,
         description=(
             "Extra Kafka producer properties, librdkafka's names. Partitioned mode's tasks use "
             "the Java producer with the names both clients share; a SASL/SSL property only "
             "librdkafka knows (other than the SASL user name and password) keeps them on "
             "librdkafka."
-        ),
+        )
+        + _NO_CREDENTIALS_DOC,
     )
     secret_ref: SecretRef | None = Field(
         default=None,
@@ -278,6 +452,10 @@ class SinkSpec(SpecModel):
     """The pipeline's output."""
 
     kafka: KafkaSink
+
+
+#: The micro-batch interval when trigger.processingTime is unset.
+DEFAULT_TRIGGER_INTERVAL = "10s"
 
 
 class TriggerSpec(SpecModel):
@@ -292,7 +470,7 @@ class TriggerSpec(SpecModel):
 
     def interval_ms(self) -> int:
         """The micro-batch interval in milliseconds (10 s unless set)."""
-        return duration_ms(self.processing_time or "10s")
+        return duration_ms(self.processing_time or DEFAULT_TRIGGER_INTERVAL)
 
 
 class ResourceSpec(SpecModel):
@@ -317,7 +495,7 @@ class SparkSpec(SpecModel):
 
     master: str = Field(
         default="local[2]",
-        pattern=r"^(local(\[([0-9]+|\*)\])?|k8s://.+)$",
+        pattern=r"^(local(\[([1-9][0-9]*|\*)\])?|k8s://.+)$",
         description="local[N] runs Spark inside the driver pod; k8s://... runs executors as pods.",
     )
     driver: ResourceSpec = Field(default_factory=ResourceSpec, description="Driver resources.")

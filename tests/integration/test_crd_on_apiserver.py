@@ -119,6 +119,135 @@ MALFORMED = [
 ]
 
 
+_LIMIT = "spec.driver.resources.limits.cpu: Invalid value"
+_STALL = "spec.health.stallTimeout: Invalid value"
+_PATTERN = "spec.source.kafka.topicPattern: Invalid value"
+
+#: Mistakes a user makes that the API server refuses since the models carry the rules that
+#: used to fail only in the driver (issue 28 item 3, issue 27 item 6): (case id, mutation,
+#: fragments the rejection must contain: the field and the reason).
+REFUSED_AT_THE_DOOR: list[tuple[str, Callable[[dict[str, Any]], None], tuple[str, ...]]] = [
+    (
+        "starting-offset-not-a-number",
+        _set("spec.source.kafka.startingOffsets", '{"raw": {"0": "abc"}}'),
+        ("spec.source.kafka.startingOffsets: Invalid value", "offsets are numbers"),
+    ),
+    (
+        "name-with-a-dot",
+        _set("metadata.name", "orders.v2"),
+        ("metadata.name must be a DNS-1035 label",),
+    ),
+    (
+        "bootstrap-without-port",
+        _set("spec.source.kafka.bootstrapServers", "kafka"),
+        ("spec.source.kafka.bootstrapServers: Invalid value", "host:port"),
+    ),
+    (
+        "bootstrap-port-out-of-range",
+        _set("spec.sink.kafka.bootstrapServers", "k0:9092,k1:70000"),
+        ("spec.sink.kafka.bootstrapServers: Invalid value", "ports 1-65535"),
+    ),
+    (
+        "cpu-limit-below-request",
+        _set("spec.driver.resources", {"requests": {"cpu": "2"}, "limits": {"cpu": "1500m"}}),
+        (_LIMIT, "at least the driver's CPU request"),
+    ),
+    (
+        "cpu-limit-below-driver-cores",
+        lambda obj: (
+            _set("spec.spark.driver", {"cores": 2})(obj),
+            _set("spec.driver.resources", {"limits": {"cpu": "1"}})(obj),
+        ),
+        (_LIMIT, "spark.driver.cores"),
+    ),
+    (
+        "check-interval-zero",
+        _set("spec.health", {"checkInterval": "0s"}),
+        ("spec.health.checkInterval: Invalid value", "health.checkInterval must be at least 1s"),
+    ),
+    (
+        "stall-timeout-within-check-interval",
+        _set("spec.health", {"checkInterval": "1m", "stallTimeout": "30s"}),
+        (_STALL, "longer than health.checkInterval"),
+    ),
+    (
+        "stall-timeout-within-trigger-interval",
+        lambda obj: (
+            _set("spec.trigger", {"processingTime": "10m"})(obj),
+            _set("spec.health", {"stallTimeout": "5m"})(obj),
+        ),
+        (_STALL, "longer than trigger.processingTime"),
+    ),
+    (
+        "duration-out-of-range",
+        _set("spec.upgrade", {"readinessTimeout": "99999999h"}),
+        ("spec.upgrade.readinessTimeout: Too long",),
+    ),
+    (
+        "topic-pattern-lookbehind",
+        lambda obj: (
+            _set("spec.source.kafka.topics", _DELETE)(obj),
+            _set("spec.source.kafka.topicPattern", "(?<!test-)events.*")(obj),
+        ),
+        (_PATTERN, "Java and Python read differently"),
+    ),
+    (
+        "topic-pattern-java-named-group",
+        lambda obj: (
+            _set("spec.source.kafka.topics", _DELETE)(obj),
+            _set("spec.source.kafka.topicPattern", r"(?<region>eu|us)-\p{Alpha}+")(obj),
+        ),
+        (_PATTERN, "named or atomic groups"),
+    ),
+    (
+        "credential-in-source-options",
+        _set("spec.source.kafka.options", {"sasl.jaas.config": "PlainLoginModule required"}),
+        ("spec.source.kafka.options", "options.sasl.jaas.config is a credential", "secretRef"),
+    ),
+    (
+        "credential-in-sink-options-any-case",
+        _set("spec.sink.kafka.options", {"SSL.Key.Password": "hunter2"}),
+        ("spec.sink.kafka.options", "options.SSL.Key.Password is a credential", "secretRef"),
+    ),
+    (
+        "sink-topic-is-a-source-topic",
+        _set("spec.sink.kafka.topic", "raw"),
+        ("spec.sink.kafka.topic: Invalid value", "read its own output"),
+    ),
+    (
+        "topic-name-with-space",
+        _set("spec.source.kafka.topics", ["raw events"]),
+        ("spec.source.kafka.topics[0]: Invalid value",),
+    ),
+    (
+        "empty-topic-list",
+        _set("spec.source.kafka.topics", []),
+        ("spec.source.kafka.topics: Invalid value",),
+    ),
+    (
+        "transaction-timeout-zero",
+        _set("spec.sink.kafka.transactionTimeout", "0s"),
+        ("spec.sink.kafka.transactionTimeout: Invalid value", "at least 1s"),
+    ),
+    (
+        "backoff-above-max-backoff",
+        _set("spec.failover", {"backoff": "10m", "maxBackoff": "5m"}),
+        ("spec.failover.backoff: Invalid value", "must not exceed failover.maxBackoff"),
+    ),
+    (
+        "id-prefix-characters",
+        _set("spec.transactions", {"idPrefix": "team a/clean"}),
+        ("spec.transactions.idPrefix: Invalid value",),
+    ),
+    (
+        "service-account-name",
+        _set("spec.serviceAccountName", "Driver_SA"),
+        ("spec.serviceAccountName: Invalid value",),
+    ),
+    ("zero-local-threads", _set("spec.spark.master", "local[0]"), ("spec.spark.master",)),
+]
+
+
 @pytest.fixture(scope="module")
 def crd_installed(control_plane: ControlPlane) -> ControlPlane:
     control_plane.kubectl("apply", "--server-side", "-f", str(CRD), check=True)
@@ -164,6 +293,40 @@ def test_malformed_manifest_is_rejected_naming_the_field(
     code, output = _apply(crd_installed, kube_namespace, obj)
     assert code != 0, f"{case} was accepted"
     assert expected in output
+
+
+@pytest.mark.parametrize(
+    ("case", "mutate", "expected"), REFUSED_AT_THE_DOOR, ids=[m[0] for m in REFUSED_AT_THE_DOOR]
+)
+def test_what_the_driver_could_not_run_is_refused_by_kubectl_apply(
+    crd_installed: ControlPlane,
+    kube_namespace: str,
+    case: str,
+    mutate: Callable[[dict[str, Any]], None],
+    expected: tuple[str, ...],
+) -> None:
+    obj = copy.deepcopy(VALID)
+    mutate(obj)
+    code, output = _apply(crd_installed, kube_namespace, obj)
+    assert code != 0, f"{case} was accepted"
+    for fragment in expected:
+        assert fragment in output
+
+
+def test_what_users_write_in_examples_stays_accepted(
+    crd_installed: ControlPlane, kube_namespace: str
+) -> None:
+    obj = copy.deepcopy(VALID)
+    kafka = obj["spec"]["source"]["kafka"]
+    kafka["bootstrapServers"] = " kafka-0.kafka:9092, 10.0.0.7:19092,[::1]:9093"
+    kafka["startingOffsets"] = '{"raw": {"0": 42, "1": -2}, "raw.b": {"0": -1}}'
+    kafka["options"] = {"fetch.min.bytes": "1", "sasl.mechanism": "PLAIN"}
+    obj["spec"]["sink"]["kafka"]["topic"] = "raw"  # another cluster: same name is fine
+    obj["spec"]["sink"]["kafka"]["bootstrapServers"] = "central:9092"
+    obj["spec"]["driver"] = {"resources": {"requests": {"cpu": "500m"}, "limits": {"cpu": "0.5"}}}
+    obj["spec"]["health"] = {"checkInterval": "1s", "stallTimeout": "11s"}
+    code, output = _apply(crd_installed, kube_namespace, obj)
+    assert code == 0, output
 
 
 def test_transactional_id_prefix_is_immutable(

@@ -186,7 +186,8 @@ def test_spec_the_api_server_accepts_but_eop_cannot_run_is_reported(
 ) -> None:
     cp, ns = control_plane, kube_namespace
     bad = _pipeline("broken")
-    bad["spec"]["source"]["kafka"]["startingOffsets"] = "{not json"  # passes CEL, not the model
+    del bad["spec"]["source"]["kafka"]["topics"]
+    bad["spec"]["source"]["kafka"]["topicPattern"] = "raw("  # passes CEL, Python cannot compile it
     _apply(cp, ns, bad)
     status = wait_for(
         lambda: (
@@ -197,7 +198,7 @@ def test_spec_the_api_server_accepts_but_eop_cannot_run_is_reported(
     )
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert degraded["status"] == "True"
-    assert "startingOffsets" in degraded["message"]
+    assert "topicPattern" in degraded["message"]
     warnings = [e for e in _events(cp, ns, "broken") if e["type"] == "Warning"]
-    assert any("startingOffsets" in e["message"] for e in warnings)
+    assert any("topicPattern" in e["message"] for e in warnings)
     assert get(cp, "statefulset", "broken-driver", ns) is None

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from eop_operator.api.load import InvalidPipeline, load_pipeline
 from eop_operator.api.models import Retention, UpgradeMode
+from tests.integration.test_crd_on_apiserver import REFUSED_AT_THE_DOOR, VALID
 
 
 def test_minimal_manifest_gets_documented_defaults(manifest: dict[str, Any]) -> None:
@@ -55,3 +59,36 @@ def test_wrong_kind_is_rejected(manifest: dict[str, Any]) -> None:
     manifest["kind"] = "SparkApplication"
     with pytest.raises(InvalidPipeline, match=r"expected apiVersion exactlyonce\.io/v1alpha1"):
         load_pipeline(manifest)
+
+
+@pytest.mark.parametrize(
+    ("case", "mutate", "expected"), REFUSED_AT_THE_DOOR, ids=[m[0] for m in REFUSED_AT_THE_DOOR]
+)
+def test_what_the_api_server_refuses_eop_run_refuses_too(
+    case: str, mutate: Callable[[dict[str, Any]], None], expected: tuple[str, ...]
+) -> None:
+    # Each rule is declared once and enforced twice: CEL for kubectl, pydantic for eop run.
+    obj = copy.deepcopy(VALID)
+    mutate(obj)
+    field = expected[0].split(":")[0].split(" ")[0].removeprefix("spec.").replace("[0]", ".0")
+    with pytest.raises(InvalidPipeline, match=re.escape(field)):
+        load_pipeline(obj)
+
+
+def test_a_topic_pattern_python_cannot_compile_is_refused_by_the_operator() -> None:
+    # CEL cannot compile regexes: this one passes kubectl apply, the operator refuses it.
+    obj = copy.deepcopy(VALID)
+    del obj["spec"]["source"]["kafka"]["topics"]
+    obj["spec"]["source"]["kafka"]["topicPattern"] = "raw("
+    with pytest.raises(InvalidPipeline, match=r"topicPattern 'raw\(' is not a valid regex"):
+        load_pipeline(obj)
+
+
+def test_the_runner_never_subscribes_internal_topics() -> None:
+    obj = copy.deepcopy(VALID)
+    del obj["spec"]["source"]["kafka"]["topics"]
+    obj["spec"]["source"]["kafka"]["topicPattern"] = ".*"
+    pattern = load_pipeline(obj).spec.source.kafka.subscribed_pattern
+    assert pattern is not None
+    names = ["raw", "__consumer_offsets", "__transaction_state", "__eop_progress", "a__b"]
+    assert [n for n in names if re.fullmatch(pattern, n)] == ["raw", "a__b"]

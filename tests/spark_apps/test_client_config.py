@@ -71,7 +71,8 @@ def test_spark_source_options(tmp_path: Path) -> None:
         sourceSecretDir=str(root),
     )
     options = spark_source_options(config)
-    assert options["subscribePattern"] == "ev.*" and "subscribe" not in options
+    # Internal topics (names starting with __) never match.
+    assert options["subscribePattern"] == "(?!__)(?:ev.*)" and "subscribe" not in options
     assert options["kafka.isolation.level"] == "read_committed"
     assert options["failOnDataLoss"] == "true"
     assert options["maxOffsetsPerTrigger"] == "10"

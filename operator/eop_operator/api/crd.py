@@ -110,7 +110,11 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            # Bounded, so the root's CEL rules on the name stay within the API server's cost budget.
+            "metadata": {
+                "type": "object",
+                "properties": {"name": {"type": "string", "maxLength": 253}},
+            },
             "spec": spec,
             "status": status,
         },

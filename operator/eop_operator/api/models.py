@@ -8,7 +8,7 @@ The data-plane parts (source, transform, sink, trigger, spark) come from
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -16,15 +16,23 @@ from pydantic.alias_generators import to_camel
 from eop_operator import API_VERSION, KIND
 from eop_spark.spec import (
     CEL_RULES_KEY,
+    DEFAULT_TRIGGER_INTERVAL,
     Duration,
+    Rule,
     SinkSpec,
     SourceSpec,
     SparkSpec,
     SpecModel,
     TransformSpec,
     TriggerSpec,
+    at_least,
+    duration_ms,
 )
 
+#: A DNS-1035 label: the pipeline's name becomes the name of its Service (no dots, lowercase).
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+#: A DNS-1123 subdomain, as Kubernetes object names such as ServiceAccounts must be.
+SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 #: Kubernetes resource quantities such as 10Gi, 500Mi.
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
 #: Children get suffixes such as ``-driver-0`` and a controller-revision-hash label, so
@@ -167,12 +175,23 @@ class UpgradeSpec(SpecModel):
 class FailoverSpec(SpecModel):
     """When a crashing driver counts as Degraded, and how restarts are spaced."""
 
+    rules = (
+        Rule(
+            "duration(self.backoff) <= duration(self.maxBackoff)",
+            lambda f: duration_ms(f.backoff) <= duration_ms(f.max_backoff),
+            "failover.backoff must not exceed failover.maxBackoff",
+            field_path=".backoff",
+        ),
+    )
+
     max_restarts: int = Field(
         default=5, ge=1, le=1000, description="Restarts within window before Degraded."
     )
     window: Duration = Field(default="10m", description="The window restarts are counted in.")
     backoff: Duration = Field(
-        default="10s", description="Delay before the operator restarts a failed driver; doubles."
+        default="10s",
+        description="Delay before the operator restarts a failed driver; doubles. At most "
+        "maxBackoff.",
     )
     max_backoff: Duration = Field(default="5m", description="Upper bound of the backoff.")
 
@@ -192,15 +211,25 @@ class RestartPolicy(StrEnum):
 class HealthSpec(SpecModel):
     """Health from progress: how often the operator checks the progress group, when it restarts."""
 
-    check_interval: Duration = Field(
+    rules = (
+        Rule(
+            "duration(self.stallTimeout) > duration(self.checkInterval)",
+            lambda h: duration_ms(h.stall_timeout) > duration_ms(h.check_interval),
+            "health.stallTimeout must be longer than health.checkInterval",
+            field_path=".stallTimeout",
+        ),
+    )
+
+    check_interval: Annotated[Duration, at_least("health.checkInterval", "1s")] = Field(
         default="30s",
         description="How often the operator compares the progress group with the source's end "
-        "offsets.",
+        "offsets; at least 1s.",
     )
     stall_timeout: Duration = Field(
         default="5m",
         description="Restart a Ready driver (event RestartStalled) when input waits and the "
-        "progress group has not advanced for this long.",
+        "progress group has not advanced for this long. Longer than checkInterval and than the "
+        "trigger's processingTime (10s when unset).",
     )
 
 
@@ -212,8 +241,18 @@ class CpuQuantity(SpecModel):
     """A CPU amount of the driver container."""
 
     cpu: str | None = Field(
-        default=None, pattern=CPU_QUANTITY_PATTERN, description="CPU, e.g. 500m, 0.5, 2."
+        default=None,
+        max_length=16,
+        pattern=CPU_QUANTITY_PATTERN,
+        description="CPU, e.g. 500m, 0.5, 2.",
     )
+
+
+def millicores(cpu: str) -> int:
+    """A CPU quantity of :data:`CPU_QUANTITY_PATTERN` in millicores."""
+    if cpu.endswith("m"):
+        return int(cpu[:-1])
+    return round(float(cpu) * 1000)
 
 
 class DriverResources(SpecModel):
@@ -225,7 +264,9 @@ class DriverResources(SpecModel):
         "core (Spark's cores are whole numbers; the pod's request need not be).",
     )
     limits: CpuQuantity = Field(
-        default_factory=CpuQuantity, description="CPU limit; none when unset."
+        default_factory=CpuQuantity,
+        description="CPU limit; none when unset. At least the request (requests.cpu, else "
+        "spec.spark.driver.cores): a pod whose limit is below its request is never created.",
     )
 
 
@@ -253,8 +294,59 @@ class DriverSpec(SpecModel):
     )
 
 
+def _driver_cpu_fits(spec: PipelineSpec) -> bool:
+    cpu = spec.driver.resources
+    if cpu.limits.cpu is None:
+        return True
+    request = cpu.requests.cpu or str(spec.spark.driver.cores)
+    return millicores(cpu.limits.cpu) >= millicores(request)
+
+
+def _sink_is_not_a_source(spec: PipelineSpec) -> bool:
+    source, sink = spec.source.kafka, spec.sink.kafka
+    same_cluster = source.bootstrap_servers == sink.bootstrap_servers
+    return not (same_cluster and source.topics is not None and sink.topic in source.topics)
+
+
+_STALL_TIMEOUT_DEFAULT = HealthSpec.model_fields["stall_timeout"].default
+
+
 class PipelineSpec(SpecModel):
     """The desired state of one exactly-once pipeline."""
+
+    rules = (
+        Rule(
+            "!has(self.driver) || !has(self.driver.resources) || "
+            "!has(self.driver.resources.limits) || !has(self.driver.resources.limits.cpu) || "
+            "(has(self.driver.resources.requests) && has(self.driver.resources.requests.cpu) ? "
+            "quantity(self.driver.resources.limits.cpu).compareTo("
+            "quantity(self.driver.resources.requests.cpu)) >= 0 : "
+            "quantity(self.driver.resources.limits.cpu).asApproximateFloat() >= "
+            "double(has(self.spark) && has(self.spark.driver) ? self.spark.driver.cores : 1))",
+            _driver_cpu_fits,
+            "driver.resources.limits.cpu must be at least the driver's CPU request "
+            "(driver.resources.requests.cpu, else spark.driver.cores)",
+            field_path=".driver.resources.limits.cpu",
+        ),
+        Rule(
+            f"duration(has(self.health) ? self.health.stallTimeout : '{_STALL_TIMEOUT_DEFAULT}') "
+            "> duration(has(self.trigger) && has(self.trigger.processingTime) ? "
+            f"self.trigger.processingTime : '{DEFAULT_TRIGGER_INTERVAL}')",
+            lambda spec: duration_ms(spec.health.stall_timeout) > spec.trigger.interval_ms(),
+            "health.stallTimeout must be longer than trigger.processingTime "
+            f"({DEFAULT_TRIGGER_INTERVAL} when unset): a healthy pipeline would be restarted",
+            field_path=".health.stallTimeout",
+        ),
+        Rule(
+            "!has(self.source.kafka.topics) || "
+            "self.source.kafka.bootstrapServers != self.sink.kafka.bootstrapServers || "
+            "!(self.sink.kafka.topic in self.source.kafka.topics)",
+            _sink_is_not_a_source,
+            "sink.kafka.topic must not be one of source.kafka.topics on the same cluster: the "
+            "pipeline would read its own output",
+            field_path=".sink.kafka.topic",
+        ),
+    )
 
     image: str | None = Field(
         default=None,
@@ -264,6 +356,8 @@ class PipelineSpec(SpecModel):
     image_pull_policy: PullPolicy = Field(default=PullPolicy.IF_NOT_PRESENT)
     service_account_name: str | None = Field(
         default=None,
+        max_length=253,
+        pattern=SUBDOMAIN_PATTERN,
         description="ServiceAccount of the driver; one is created when executors run on "
         "Kubernetes and this is unset.",
     )
@@ -464,10 +558,11 @@ class ObjectMeta(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH)
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)
     namespace: str = "default"
     uid: str | None = None
     generation: int | None = None
+    creation_timestamp: str | None = Field(default=None, alias="creationTimestamp")
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
 
@@ -481,7 +576,12 @@ class ExactlyOncePipeline(BaseModel):
             "rule": f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
             "message": f"metadata.name must be at most {MAX_NAME_LENGTH} characters "
             "(children add suffixes)",
-        }
+        },
+        {
+            "rule": f"self.metadata.name.matches(r'{NAME_PATTERN}')",
+            "message": "metadata.name must be a DNS-1035 label (lowercase letters, digits and "
+            "'-', starting with a letter, no dots): it names the pipeline's Service",
+        },
     ]
 
     api_version: str = API_VERSION

@@ -1,0 +1,111 @@
+"""Admission checks only the operator can make: one pipeline per Kafka identity.
+
+Two pipelines with one transactional id prefix fence each other forever (each
+``init_transactions`` aborts the other's open transaction), and two with one
+progress group move each other's ground truth.  The API server cannot compare
+objects with each other; the operator keeps an index of every identity a
+pipeline claims (:func:`claimed_identities`) and refuses the younger of two
+claimants (:func:`identity_conflict`) before anything is created for it.  The
+older one (creationTimestamp, then namespace and name) is never affected; when
+it goes away the younger one proceeds on its next look.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+from eop_operator.api.load import InvalidPipeline
+from eop_operator.api.resolve import Identity
+from eop_spark.config import default_transactional_id_prefix, pipeline_id, progress_group
+
+
+class Claimant(NamedTuple):
+    """A pipeline holding an identity, ordered oldest first."""
+
+    created: str
+    namespace: str
+    name: str
+
+    @property
+    def label(self) -> str:
+        """``namespace/name``, as kubectl names objects."""
+        return f"{self.namespace}/{self.name}"
+
+
+class IdentityTaken(InvalidPipeline):
+    """Another, older pipeline holds this pipeline's transactional id prefix or progress group."""
+
+
+def _mapping(body: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = body.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def claimed_identity(body: Mapping[str, Any]) -> Identity | None:
+    """The identity a pipeline object holds, read tolerantly from its raw body.
+
+    The recorded identity (status) wins, as in ``resolve_identity``; an object
+    whose spec is invalid still holds the identity it asks for.
+    """
+    metadata, spec, status = (_mapping(body, key) for key in ("metadata", "spec", "status"))
+    namespace, name = _text(metadata.get("namespace")), _text(metadata.get("name"))
+    if namespace is None or name is None:
+        return None
+    transactions = spec.get("transactions")
+    wanted = _text(transactions.get("idPrefix")) if isinstance(transactions, Mapping) else None
+    pipeline = pipeline_id(namespace, name)
+    return Identity(
+        transactional_id_prefix=_text(status.get("transactionalIdPrefix"))
+        or wanted
+        or default_transactional_id_prefix(pipeline),
+        progress_group=_text(status.get("progressGroup")) or progress_group(pipeline),
+    )
+
+
+def identity_keys(identity: Identity) -> tuple[str, str]:
+    """Index keys of an identity: prefixes and groups live in different Kafka namespaces."""
+    return (f"prefix:{identity.transactional_id_prefix}", f"group:{identity.progress_group}")
+
+
+def claimed_identities(body: Mapping[str, Any]) -> dict[str, list[Claimant]]:
+    """The index entry of one pipeline object: each identity key with the object as claimant."""
+    identity = claimed_identity(body)
+    metadata = _mapping(body, "metadata")
+    if identity is None:
+        return {}
+    me = Claimant(
+        str(metadata.get("creationTimestamp") or ""),
+        str(metadata["namespace"]),
+        str(metadata["name"]),
+    )
+    return {key: [me] for key in identity_keys(identity)}
+
+
+def identity_conflict(
+    identity: Identity,
+    me: Claimant,
+    holders: Mapping[str, Iterable[Claimant]],
+) -> str | None:
+    """Why ``me`` may not use ``identity``: an older pipeline holds part of it; else None."""
+    prefix_key, group_key = identity_keys(identity)
+    for key, what, value in (
+        (prefix_key, "transactions.idPrefix", identity.transactional_id_prefix),
+        (group_key, "progress group", identity.progress_group),
+    ):
+        older = sorted(
+            c
+            for c in holders.get(key, ())
+            if (c.namespace, c.name) != (me.namespace, me.name) and c < me
+        )
+        if older:
+            return (
+                f"{what} {value!r} is already used by pipeline {older[0].label}: two pipelines "
+                "with one Kafka identity fence each other; give this one its own "
+                "transactions.idPrefix (nothing is created for it until then)"
+            )
+    return None

@@ -1,0 +1,139 @@
+"""What only the operator can refuse, on a real API server with the chart's RBAC.
+
+A pipeline whose Kafka identity another pipeline holds gets nothing until that one is
+gone; a pipeline whose spec no longer validates still keeps its retained checkpoint.
+No kubelet runs at this tier: drivers stay Pending, which is all these tests need.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devenv.kube import ControlPlane
+from tests.integration.operators import OperatorProcess, install_chart, wait_for
+
+pytestmark = pytest.mark.kube
+
+
+def _get(cp: ControlPlane, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+    result = cp.kubectl("get", kind, name, "-n", namespace, "-o", "json")
+    return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+def _status(cp: ControlPlane, name: str, namespace: str) -> dict[str, Any]:
+    return dict((_get(cp, "eop", name, namespace) or {}).get("status") or {})
+
+
+def _apply(cp: ControlPlane, namespace: str, name: str, **spec: Any) -> None:
+    body: dict[str, Any] = {
+        "source": {"kafka": {"bootstrapServers": "127.0.0.1:9092", "topics": ["raw"]}},
+        "transform": {"sql": "SELECT value FROM source"},
+        "sink": {"kafka": {"bootstrapServers": "127.0.0.1:9092", "topic": "clean"}},
+        **spec,
+    }
+    manifest = {
+        "apiVersion": "exactlyonce.io/v1alpha1",
+        "kind": "ExactlyOncePipeline",
+        "metadata": {"name": name},
+        "spec": body,
+    }
+    cp.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest), check=True)
+
+
+def _warnings(cp: ControlPlane, namespace: str, name: str) -> list[dict[str, Any]]:
+    selector = f"involvedObject.name={name},involvedObject.kind=ExactlyOncePipeline,type=Warning"
+    result = cp.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", selector, "-o", "json", check=True
+    )
+    return list(json.loads(result.stdout)["items"])
+
+
+@pytest.fixture(scope="module")
+def operator(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
+    """Its own release of the chart, so this module runs alone or after the others."""
+    kubeconfig = install_chart(control_plane, "eop-admission", "eop-admission")
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    op = OperatorProcess(kubeconfig, log, "--all-namespaces")
+    wait_for(op.alive, "the operator's liveness endpoint", timeout=60)
+    yield log
+    op.stop()
+
+
+COPY_CHILDREN = [
+    ("configmap", "orders-copy-config"),
+    ("persistentvolumeclaim", "orders-copy-checkpoint"),
+    ("service", "orders-copy-driver"),
+    ("statefulset", "orders-copy-driver"),
+]
+
+
+def test_a_copy_pasted_prefix_is_refused_until_the_first_pipeline_is_gone(
+    control_plane: ControlPlane, operator: Path, kube_namespace: str
+) -> None:
+    cp, ns = control_plane, kube_namespace
+    shared = {"transactions": {"idPrefix": "team.orders"}}
+    _apply(cp, ns, "orders", **shared)
+    first = wait_for(lambda: _get(cp, "statefulset", "orders-driver", ns), "the first driver")
+    _apply(cp, ns, "orders-copy", **shared)
+
+    status = wait_for(
+        lambda: (s := _status(cp, "orders-copy", ns)).get("phase") == "Invalid" and s,
+        "the copy refused",
+    )
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True"
+    assert f"'team.orders' is already used by pipeline {ns}/orders" in degraded["message"]
+    warning = wait_for(lambda: _warnings(cp, ns, "orders-copy"), "a Warning event")
+    assert warning[0]["reason"] == "IdentityInUse"
+    assert f"{ns}/orders" in warning[0]["message"]
+
+    # Three lifecycle ticks later: nothing was created for the copy, the first is untouched.
+    wait_for(lambda: _status(cp, "orders", ns).get("specHash"), "the first one's status")
+    time.sleep(12)
+    for kind, child in COPY_CHILDREN:
+        assert _get(cp, kind, child, ns) is None, f"{kind}/{child} was created for the copy"
+    still = _get(cp, "statefulset", "orders-driver", ns)
+    assert still is not None
+    assert still["metadata"]["generation"] == first["metadata"]["generation"]
+    assert _status(cp, "orders", ns).get("phase") == "Pending"  # no kubelet: never Running
+    assert not _warnings(cp, ns, "orders")
+
+    # The first goes away: the copy proceeds on its next look.
+    cp.kubectl("delete", "eop", "orders", "-n", ns, "--wait=true", "--timeout=60s", check=True)
+    wait_for(
+        lambda: _get(cp, "statefulset", "orders-copy-driver", ns),
+        "the copy's driver once the prefix is free",
+        timeout=45,
+    )
+    wait_for(
+        lambda: _status(cp, "orders-copy", ns).get("transactionalIdPrefix") == "team.orders",
+        "the copy's identity recorded",
+    )
+
+
+def test_deleting_a_pipeline_whose_spec_became_invalid_keeps_its_retained_checkpoint(
+    control_plane: ControlPlane, operator: Path, kube_namespace: str
+) -> None:
+    cp, ns = control_plane, kube_namespace
+    _apply(cp, ns, "keep")
+    wait_for(lambda: _get(cp, "persistentvolumeclaim", "keep-checkpoint", ns), "the claim")
+    # The API server cannot compile a regex: this spec is stored, and the operator cannot load it.
+    source = {"kafka": {"bootstrapServers": "127.0.0.1:9092", "topicPattern": "raw("}}
+    _apply(cp, ns, "keep", source=source)
+    wait_for(lambda: _status(cp, "keep", ns).get("phase") == "Invalid", "phase Invalid")
+
+    cp.kubectl("delete", "eop", "keep", "-n", ns, "--wait=true", "--timeout=60s", check=True)
+    wait_for(lambda: _get(cp, "configmap", "keep-config", ns) is None, "GC of the rest")
+    claim = _get(cp, "persistentvolumeclaim", "keep-checkpoint", ns)
+    assert claim is not None, "the retained checkpoint claim was deleted"
+    assert not claim["metadata"].get("ownerReferences")
+    assert claim["metadata"].get("deletionTimestamp") is None
