@@ -338,6 +338,8 @@ def operator_values(cluster: LocalCluster, images: Images, watch: list[str]) -> 
         "defaultPipelineImage": images.spark,
         "watchNamespaces": watch,
         "hostNetwork": True,
+        # No pod network: pipelines run on the node's network too (refused by default).
+        "pipelinePolicy": {"allowHostNetwork": True},
         "health": {"port": health_port},
         "metrics": {"port": free_port()},
         "extraArgs": [f"--liveness=http://127.0.0.1:{health_port}/healthz"],

@@ -14,7 +14,9 @@ from pathlib import Path
 import yaml
 
 from eop_operator.api.load import InvalidPipeline, load_pipeline_file
+from eop_operator.render.pod_policy import PodPolicy
 from eop_operator.render.ports import HostPortRange
+from eop_operator.render.rbac import DEFAULT_DRIVER_ROLE, DriverRole
 
 #: Exit code for a manifest or configuration the user must fix.
 EXIT_INVALID = 2
@@ -86,6 +88,11 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     handlers.OPTIONS.default_image = args.default_image
     handlers.OPTIONS.host_ports = args.host_ports
+    handlers.OPTIONS.driver_role = args.driver_role
+    handlers.OPTIONS.pod_policy = PodPolicy(
+        allow_host_network=args.allow_host_network,
+        allow_host_path_volumes=args.allow_host_path_volumes,
+    )
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
     try:
         return asyncio.run(_operate(args))
@@ -204,6 +211,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=HostPortRange(),
         metavar="FIRST-LAST",
         help=f"metrics ports of host-network drivers (default {HostPortRange()})",
+    )
+    op.add_argument(
+        "--driver-role",
+        type=DriverRole.parse,
+        default=DEFAULT_DRIVER_ROLE,
+        metavar="KIND/NAME",
+        help="pre-made Role (in each pipeline's namespace) or ClusterRole that drivers with "
+        f"executors on Kubernetes are bound to (default {DEFAULT_DRIVER_ROLE})",
+    )
+    op.add_argument(
+        "--allow-host-network",
+        action="store_true",
+        help="run pipelines that set spec.driver.hostNetwork (refused by default)",
+    )
+    op.add_argument(
+        "--allow-host-path-volumes",
+        action="store_true",
+        help="run pipelines with hostPath volumes in spec.driver.volumes (refused by default)",
     )
     op.add_argument("--liveness", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     op.add_argument(

@@ -37,12 +37,14 @@ from eop_operator.render.naming import (
     MANAGED_BY,
     PIPELINE_LABEL,
 )
+from eop_operator.render.pod_policy import PodPolicy, check_pod_policy
 from eop_operator.render.ports import (
     HostPortRange,
     HostPortsExhausted,
     assign_metrics_host_port,
     metrics_host_port_of,
 )
+from eop_operator.render.rbac import DEFAULT_DRIVER_ROLE, DriverRole
 
 FINALIZER = f"{GROUP}/finalizer"
 #: Annotation prefix for kopf's own bookkeeping on our objects.
@@ -64,6 +66,10 @@ class OperatorOptions:
     default_image: str | None = None
     #: Where host-network drivers get their metrics port (``--host-ports``).
     host_ports: HostPortRange = field(default_factory=HostPortRange)
+    #: The pre-made role drivers with executors on Kubernetes are bound to (``--driver-role``).
+    driver_role: DriverRole = DEFAULT_DRIVER_ROLE
+    #: Node access pipelines may ask for (``--allow-host-network``, ``--allow-host-path-volumes``).
+    pod_policy: PodPolicy = field(default_factory=PodPolicy)
 
 
 #: Set by the CLI before kopf starts; read by the startup handler.
@@ -195,6 +201,7 @@ def _renderer(
 
     def render(pipeline: ExactlyOncePipeline, generation: int, reset: bool) -> RenderedPipeline:
         _check_identity(pipeline, identities)
+        check_pod_policy(pipeline, OPTIONS.pod_policy)  # an InvalidPipeline: no driver
         port = None
         if pipeline.spec.driver.host_network:
             ports = {key: [p for value in held[key] for p in value] for key in held}
@@ -205,6 +212,7 @@ def _renderer(
             generation=generation,
             metrics_host_port=port,
             reset_progress=reset,
+            driver_role=OPTIONS.driver_role,
         )
 
     return render

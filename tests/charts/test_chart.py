@@ -1,11 +1,13 @@
 """The Helm chart (charts/eop), linted and rendered by the real helm binary.
 
 What a user of the chart would notice: it lints strictly, the operator runs non-root on a
-read-only root filesystem, the RBAC is cluster-wide or per namespace as asked, reads Secrets only
-by name (for lag reporting) and never grants escalation verbs, replicas elect a leader, the
-optional Prometheus monitors scrape what the operator and the drivers serve, a typo in values
-fails, the CRD matches the models, and (on the real API server) the operator's ServiceAccount can
-do everything the operator does.
+read-only root filesystem, it serves its own namespace by default (a list of namespaces or every
+namespace when asked), with Roles there only; it reads Secrets only by name (for lag reporting),
+never grants escalation verbs and binds drivers to a pre-made role instead of holding pod rights;
+pipelines asking for the node's network or files are refused unless allowed; replicas elect a
+leader, the optional Prometheus monitors scrape what the operator and the drivers serve, a typo
+in values fails, the CRD matches the models, and (on the real API server) the operator's
+ServiceAccount can do everything the operator does and no more.
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ from eop_operator.api.crd import crd_yaml
 from eop_operator.api.load import load_pipeline
 from eop_operator.cli import build_parser
 from eop_operator.render import render_pipeline
-from eop_operator.render.rbac import DRIVER_RULES
+from eop_operator.render.rbac import DEFAULT_DRIVER_ROLE, DRIVER_RULES, DriverRole
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "eop"
 CRD_FILE = CHART / "crds" / f"{PLURAL}.exactlyonce.io.yaml"
 RELEASE_NAMESPACE = "eop-system"
-FORBIDDEN_VERBS = {"*", "escalate", "bind", "impersonate"}
+FORBIDDEN_VERBS = {"*", "escalate", "impersonate"}
 #: What server-side apply of a new object needs (apply creates it), plus read and delete.
 APPLY_VERBS = {"create", "patch", "get", "list", "watch", "delete"}
 
@@ -96,13 +98,31 @@ def is_leader_election(role: Manifest) -> bool:
     return name.endswith("-leader-election")
 
 
+def is_driver_role(role: Manifest) -> bool:
+    name: str = role["metadata"]["name"]
+    return name.endswith("-driver")
+
+
 def pipeline_roles(objects: list[Manifest]) -> list[Manifest]:
-    return [r for r in of_kind(objects, "Role") if not is_leader_election(r)]
+    """The operator's per-namespace Roles (not its leases', not the drivers')."""
+    return [
+        r for r in of_kind(objects, "Role") if not is_leader_election(r) and not is_driver_role(r)
+    ]
 
 
 def all_rules(objects: list[Manifest]) -> list[Manifest]:
     return [
         rule for o in objects if o["kind"] in ("Role", "ClusterRole") for rule in o.get("rules", [])
+    ]
+
+
+def operator_rules(objects: list[Manifest]) -> list[Manifest]:
+    """What the operator's own (Cluster)Roles grant, the drivers' role left out."""
+    return [
+        rule
+        for o in objects
+        if o["kind"] in ("Role", "ClusterRole") and not is_driver_role(o)
+        for rule in o.get("rules", [])
     ]
 
 
@@ -117,7 +137,10 @@ def granted(rules: list[Manifest], group: str, resource: str) -> set[str]:
 
 
 NAMESPACED = ("watchNamespaces={team-a,team-b}",)
-MODES = pytest.mark.parametrize("values", [(), NAMESPACED], ids=["cluster-wide", "namespaced"])
+CLUSTER_WIDE = ("clusterWide=true",)
+MODES = pytest.mark.parametrize(
+    "values", [(), NAMESPACED, CLUSTER_WIDE], ids=["default", "namespaced", "cluster-wide"]
+)
 
 
 # --- lint and render -----------------------------------------------------------------------------
@@ -171,7 +194,8 @@ def test_args_follow_values(helm: Helm) -> None:
     pod = dep["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == "registry.example.com/team/eop-operator:v9"
-    assert container["args"][:2] == ["operator", "--all-namespaces"]
+    # The default: the release's own namespace only.
+    assert container["args"][:2] == ["operator", f"--namespace={RELEASE_NAMESPACE}"]
     # The Spark image defaults to eop-spark beside the operator image, with the same tag.
     assert "--default-image=registry.example.com/team/eop-spark:v9" in container["args"]
     assert {"--log-format=json", "--verbose"} <= set(container["args"])
@@ -185,23 +209,62 @@ def test_args_follow_values(helm: Helm) -> None:
 
 @pytest.mark.kube
 @pytest.mark.parametrize(
-    "values", [(), NAMESPACED, ("logLevel=debug", "logFormat=json")], ids=["all", "ns", "debug"]
+    "values",
+    [(), NAMESPACED, CLUSTER_WIDE, ("logLevel=debug", "logFormat=json")],
+    ids=["default", "ns", "all", "debug"],
 )
 def test_args_are_understood_by_eop_operator(helm: Helm, values: tuple[str, ...]) -> None:
-    (container,) = deployment(render(helm, *values))["spec"]["template"]["spec"]["containers"]
+    objects = render(helm, *values)
+    (container,) = deployment(objects)["spec"]["template"]["spec"]["containers"]
     args = build_parser().parse_args(container["args"])  # exits on an unknown flag
     assert args.command == "operator"
     assert args.liveness == "http://0.0.0.0:8080/healthz"
     assert args.default_image == "localhost/eop-spark:0.1.0"
+    # The drivers' role it binds is the one the chart creates, of the kind the mode needs.
+    (driver_role, *more) = [o for o in objects if is_driver_role(o)]
+    assert all(o["rules"] == driver_role["rules"] for o in more)
+    assert args.driver_role == DriverRole(driver_role["kind"], driver_role["metadata"]["name"])
+    assert (args.all_namespaces, args.driver_role.kind) in [(True, "ClusterRole"), (False, "Role")]
+    # Node access is refused unless the values allow it.
+    assert not args.allow_host_network and not args.allow_host_path_volumes
+
+
+@pytest.mark.kube
+def test_pipeline_policy_values_allow_node_access(helm: Helm) -> None:
+    for value, flag in [
+        ("pipelinePolicy.allowHostNetwork=true", "allow_host_network"),
+        ("pipelinePolicy.allowHostPathVolumes=true", "allow_host_path_volumes"),
+    ]:
+        (container,) = deployment(render(helm, value))["spec"]["template"]["spec"]["containers"]
+        args = vars(build_parser().parse_args(container["args"]))
+        assert args[flag], value
+        assert not any(v for k, v in args.items() if k.startswith("allow_") and k != flag)
 
 
 # --- RBAC ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.kube
-def test_cluster_wide_uses_a_cluster_role(helm: Helm) -> None:
+def test_default_serves_only_the_release_namespace(helm: Helm) -> None:
     objects = render(helm)
-    (role,) = of_kind(objects, "ClusterRole")
+    assert of_kind(objects, "ClusterRole") == []
+    assert of_kind(objects, "ClusterRoleBinding") == []
+    namespaces = {
+        o["metadata"]["namespace"] for o in objects if o["kind"] in ("Role", "RoleBinding")
+    }
+    assert namespaces == {RELEASE_NAMESPACE}
+    (role,) = pipeline_roles(objects)
+    (driver_role,) = [r for r in of_kind(objects, "Role") if is_driver_role(r)]
+    assert role["metadata"]["namespace"] == driver_role["metadata"]["namespace"]
+    (container,) = deployment(objects)["spec"]["template"]["spec"]["containers"]
+    assert f"--namespace={RELEASE_NAMESPACE}" in container["args"]
+    assert "--all-namespaces" not in container["args"]
+
+
+@pytest.mark.kube
+def test_cluster_wide_uses_a_cluster_role(helm: Helm) -> None:
+    objects = render(helm, *CLUSTER_WIDE)
+    (role,) = [r for r in of_kind(objects, "ClusterRole") if not is_driver_role(r)]
     (binding,) = of_kind(objects, "ClusterRoleBinding")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -212,9 +275,23 @@ def test_cluster_wide_uses_a_cluster_role(helm: Helm) -> None:
         {"kind": "ServiceAccount", "name": "eop", "namespace": RELEASE_NAMESPACE}
     ]
     assert pipeline_roles(objects) == []
+    # The drivers' ClusterRole is bound by nothing the chart makes: it grants nothing by itself.
+    (driver_role,) = [r for r in of_kind(objects, "ClusterRole") if is_driver_role(r)]
+    assert binding["roleRef"]["name"] != driver_role["metadata"]["name"]
     (container,) = deployment(objects)["spec"]["template"]["spec"]["containers"]
     assert "--all-namespaces" in container["args"]
     assert not [a for a in container["args"] if a.startswith("--namespace")]
+
+
+@pytest.mark.kube
+def test_cluster_wide_with_a_namespace_list_fails(helm: Helm) -> None:
+    result = helm.run("template", "eop", str(CHART), *set_args(CLUSTER_WIDE + NAMESPACED))
+    assert result.returncode != 0
+    assert "watchNamespaces must be empty with clusterWide" in result.stderr
+
+
+def without_bind(rules: list[Manifest]) -> list[Manifest]:
+    return [r for r in rules if r["verbs"] != ["bind"]]
 
 
 @pytest.mark.kube
@@ -228,14 +305,19 @@ def test_namespace_list_uses_a_role_per_namespace(helm: Helm) -> None:
         for b in of_kind(objects, "RoleBinding")
         if not is_leader_election(b)
     }
-    assert sorted(roles) == sorted(bindings) == ["team-a", "team-b"]
+    driver_roles = {
+        r["metadata"]["namespace"] for r in of_kind(objects, "Role") if is_driver_role(r)
+    }
+    assert sorted(roles) == sorted(bindings) == sorted(driver_roles) == ["team-a", "team-b"]
     for namespace, binding in bindings.items():
         assert binding["roleRef"]["name"] == roles[namespace]["metadata"]["name"]
         assert binding["subjects"][0]["namespace"] == RELEASE_NAMESPACE
-    # The same rules as the cluster-wide mode: one list, two renderings.
-    (cluster_role,) = of_kind(render(helm), "ClusterRole")
+    # The same rules as the cluster-wide mode (one list, two renderings), but for which kind of
+    # drivers' role the operator may bind.
+    (cluster_role,) = [r for r in of_kind(render(helm, *CLUSTER_WIDE), "ClusterRole")
+                       if not is_driver_role(r)]  # fmt: skip
     for role in roles.values():
-        assert role["rules"] == cluster_role["rules"]
+        assert without_bind(role["rules"]) == without_bind(cluster_role["rules"])
     (container,) = deployment(objects)["spec"]["template"]["spec"]["containers"]
     assert {"--namespace=team-a", "--namespace=team-b"} <= set(container["args"])
     assert "--all-namespaces" not in container["args"]
@@ -268,13 +350,20 @@ def test_leases_only_in_the_release_namespace(helm: Helm, values: tuple[str, ...
 def test_rbac_reads_secrets_by_name_only_and_never_escalates(
     helm: Helm, values: tuple[str, ...]
 ) -> None:
-    rules = all_rules(render(helm, *values))
+    objects = render(helm, *values)
+    rules = all_rules(objects)
     assert rules
+    (driver_role, *_) = [o for o in objects if is_driver_role(o)]
     for rule in rules:
         assert "*" not in rule.get("apiGroups", []), rule
         assert "*" not in rule["resources"], rule
         assert not FORBIDDEN_VERBS & set(rule["verbs"]), rule
         assert "nonResourceURLs" not in rule, rule
+        if "bind" in rule["verbs"]:
+            # bind only the drivers' pre-made role, by name: never a role of one's choosing.
+            assert rule["verbs"] == ["bind"], rule
+            assert rule["resources"] == [driver_role["kind"].lower() + "s"], rule
+            assert rule["resourceNames"] == [driver_role["metadata"]["name"]], rule
     # The health checks read the Secret a pipeline names; they can never list or watch them.
     assert granted(rules, "", "secrets") == {"get"}
     assert (
@@ -297,28 +386,39 @@ def k8s_pipeline(namespace: str) -> Manifest:
     }
 
 
-def rendered_objects(namespace: str) -> list[Manifest]:
+def rendered_objects(
+    namespace: str, driver_role: DriverRole = DEFAULT_DRIVER_ROLE
+) -> list[Manifest]:
     pipeline = load_pipeline(k8s_pipeline(namespace))
-    return render_pipeline(pipeline, default_image="eop-spark:test", generation=0).objects
+    return render_pipeline(
+        pipeline, default_image="eop-spark:test", generation=0, driver_role=driver_role
+    ).objects
 
 
 @pytest.mark.kube
-def test_rbac_covers_what_the_operator_renders(helm: Helm) -> None:
-    rules = all_rules(render(helm))
-    objects = rendered_objects("default")
-    assert {o["kind"] for o in objects} >= {"Role", "RoleBinding", "StatefulSet"}
-    for obj in objects:
+@MODES
+def test_rbac_covers_what_the_operator_renders_and_no_pod_rights(
+    helm: Helm, values: tuple[str, ...]
+) -> None:
+    objects = render(helm, *values)
+    rules = operator_rules(objects)
+    rendered = rendered_objects("team-a")
+    assert {o["kind"] for o in rendered} >= {"ServiceAccount", "RoleBinding", "StatefulSet"}
+    assert "Role" not in {o["kind"] for o in rendered}  # the drivers' role is the chart's
+    for obj in rendered:
         group = obj["apiVersion"].rpartition("/")[0]
         # Every kind the operator renders pluralises regularly (configmaps, statefulsets, ...).
         resource = obj["kind"].lower() + "s"
         missing = APPLY_VERBS - granted(rules, group, resource)
         assert not missing, f"{obj['kind']}: the chart lacks {sorted(missing)}"
-    # No escalate/bind: the operator must itself hold what the drivers' Role grants.
-    for rule in DRIVER_RULES:
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                missing = set(rule["verbs"]) - granted(rules, group, resource)
-                assert not missing, f"driver Role grants {resource} {sorted(missing)}"
+    # What drivers need is in their pre-made role, not with the operator: it cannot create pods
+    # or roles, nor delete collections.
+    (driver_role, *_) = [o for o in objects if is_driver_role(o)]
+    assert driver_role["rules"] == DRIVER_RULES
+    assert granted(rules, "", "pods") == {"get", "list", "watch", "delete"}
+    for resource in ("roles", "clusterroles"):
+        assert not granted(rules, "rbac.authorization.k8s.io", resource) - {"bind"}
+    assert not any("deletecollection" in r["verbs"] for r in rules)
 
 
 # --- high availability and monitoring ------------------------------------------------------------
@@ -384,7 +484,11 @@ def test_driver_pod_monitor_selects_the_driver_pods(helm: Helm, values: tuple[st
     endpoint = monitor["spec"]["podMetricsEndpoints"][0]
     assert endpoint["port"] in {p["name"] for p in driver["ports"]}
     assert endpoint["path"] == "/metrics"
-    expected = {"matchNames": ["team-a", "team-b"]} if values else {"any": True}
+    expected = {
+        (): {"matchNames": [RELEASE_NAMESPACE]},
+        NAMESPACED: {"matchNames": ["team-a", "team-b"]},
+        CLUSTER_WIDE: {"any": True},
+    }[values]
     assert monitor["spec"]["namespaceSelector"] == expected
 
 
@@ -401,6 +505,8 @@ def test_driver_pod_monitor_selects_the_driver_pods(helm: Helm, values: tuple[st
         ("watchNamespaces={Team_A}", "watchNamespaces"),
         ("metrics.serviceMonitor.enable=true", "serviceMonitor"),
         ("replicaCount=0", "replicaCount"),
+        ("pipelinePolicy.allowHostNetworks=true", "allowHostNetworks"),
+        ("clusterWide=yes", "clusterWide"),
     ],
 )
 def test_values_typos_fail_the_schema(helm: Helm, value: str, complaint: str) -> None:
@@ -427,81 +533,117 @@ def test_notes_example_is_a_valid_pipeline() -> None:
 # --- on the real API server ----------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Release:
+    """An installed release: its name (= the operator's ServiceAccount), where it is installed,
+    a namespace it serves and the drivers' role it binds there."""
+
+    name: str
+    operator_namespace: str
+    namespace: str
+    mode: str
+
+    @property
+    def driver_role(self) -> DriverRole:
+        return DriverRole(
+            "ClusterRole" if self.mode == "cluster-wide" else "Role", f"{self.name}-driver"
+        )
+
+
 def as_operator(
-    cp: ControlPlane, release: str, *args: str, stdin: str | None = None
+    cp: ControlPlane, release: Release, *args: str, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """kubectl with the token of the operator's ServiceAccount ``<release>`` (fullname)."""
-    config = cp.service_account_kubeconfig(RELEASE_NAMESPACE, release)
+    """kubectl with the token of the operator's ServiceAccount (the release's fullname)."""
+    config = cp.service_account_kubeconfig(release.operator_namespace, release.name)
     return cp.kubectl(*args, kubeconfig=config, input=stdin)
 
 
-def can_i(cp: ControlPlane, release: str, *args: str) -> bool:
+def can_i(cp: ControlPlane, release: Release, *args: str) -> bool:
     result = as_operator(cp, release, "auth", "can-i", *args)
     return result.stdout.strip() == "yes"
 
 
-@dataclass(frozen=True)
-class Release:
-    """An installed release: its name (= the operator's ServiceAccount) and a served namespace."""
+def install(cp: ControlPlane, mode: str) -> Release:
+    """Install the chart in a new namespace: its default, a namespace list, or cluster-wide."""
+    # The chart's full name is the release name when that contains "eop": unique per test.
+    release = f"eop-{uuid.uuid4().hex[:6]}"
+    operator_ns = f"{release}-system"
+    served = {
+        "default": [operator_ns],
+        "namespaced": [f"{release}-a", f"{release}-b"],
+        "cluster-wide": [f"{release}-any"],
+    }[mode]
+    for ns in {operator_ns, *served}:
+        cp.kubectl("create", "namespace", ns, check=True)
+    if not CRD_FILE.exists():
+        cp.kubectl("apply", "--server-side", "-f", "-", input=crd_yaml(), check=True)
+    values = {
+        "default": [],
+        "namespaced": ["--set", "watchNamespaces={" + ",".join(served) + "}"],
+        "cluster-wide": ["--set", "clusterWide=true"],
+    }[mode]
+    result = cp.helm("install", release, str(CHART), "--namespace", operator_ns, *values)
+    assert result.returncode == 0, result.stderr
+    return Release(release, operator_ns, served[0], mode)
 
-    name: str
-    namespace: str
-    namespaced: bool
+
+def uninstall(cp: ControlPlane, release: Release) -> None:
+    cp.helm("uninstall", release.name, "--namespace", release.operator_namespace)
+    for ns in {release.operator_namespace, release.namespace}:
+        cp.kubectl("delete", "namespace", ns, "--wait=false")
 
 
 @pytest.fixture
 def installed(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[Release]:
-    """The chart installed with ``request.param`` values (no kubelet needed: RBAC is the point)."""
-    cp = control_plane
-    # The chart's full name is the release name when that contains "eop": unique per test.
-    release = f"eop-{uuid.uuid4().hex[:6]}"
-    values: tuple[str, ...] = request.param
-    namespaced = bool(values)
-    namespaces = [f"{release}-a", f"{release}-b"] if namespaced else [f"{release}-any"]
-    for ns in namespaces:
-        cp.kubectl("create", "namespace", ns, check=True)
-    if not CRD_FILE.exists():
-        cp.kubectl("apply", "--server-side", "-f", "-", input=crd_yaml(), check=True)
-    watch = ["--set", "watchNamespaces={" + ",".join(namespaces) + "}"] if namespaced else []
-    result = cp.helm(
-        "install",
+    """The chart installed in mode ``request.param`` (no kubelet needed: RBAC is the point)."""
+    release = install(control_plane, request.param)
+    yield release
+    uninstall(control_plane, release)
+
+
+def apply_as_operator(
+    cp: ControlPlane, release: Release, obj: Manifest
+) -> subprocess.CompletedProcess[str]:
+    """Server-side apply of ``obj`` with the operator's field manager and token."""
+    return as_operator(
+        cp,
         release,
-        str(CHART),
-        "--namespace",
-        RELEASE_NAMESPACE,
-        "--create-namespace",
-        *watch,
+        "apply",
+        "--server-side",
+        "--field-manager=eop-operator",
+        "-f",
+        "-",
+        stdin=json.dumps(obj),
     )
-    assert result.returncode == 0, result.stderr
-    yield Release(release, namespaces[0], namespaced)
-    cp.helm("uninstall", release, "--namespace", RELEASE_NAMESPACE)
-    for ns in namespaces:
-        cp.kubectl("delete", "namespace", ns, "--wait=false")
 
 
 @pytest.mark.kube
-@pytest.mark.parametrize(
-    "installed", [(), NAMESPACED], ids=["cluster-wide", "namespaced"], indirect=True
-)
+@pytest.mark.parametrize("installed", ["default", "namespaced", "cluster-wide"], indirect=True)
 def test_operator_account_can_do_its_job_and_no_more(
     control_plane: ControlPlane, installed: Release
 ) -> None:
-    cp, release, ns = control_plane, installed.name, installed.namespace
+    cp, release, ns = control_plane, installed, installed.namespace
 
     # Everything the operator applies for a pipeline with executors on Kubernetes, including
-    # the drivers' Role and its binding (which RBAC allows only without escalation).
-    for obj in rendered_objects(ns):
-        result = as_operator(
-            cp,
-            release,
-            "apply",
-            "--server-side",
-            "--field-manager=eop-operator",
-            "-f",
-            "-",
-            stdin=json.dumps(obj),
-        )
+    # the driver's binding to the chart's drivers' role (RBAC allows it by `bind` on that role).
+    rendered = rendered_objects(ns, release.driver_role)
+    for obj in rendered:
+        result = apply_as_operator(cp, release, obj)
         assert result.returncode == 0, f"{obj['kind']}: {result.stderr}"
+    # The driver can run its executors in its namespace, and nothing more.
+    (account,) = [o["metadata"]["name"] for o in rendered if o["kind"] == "ServiceAccount"]
+    as_driver = ("--as", f"system:serviceaccount:{ns}:{account}")
+    for verb in ("create", "delete", "deletecollection"):
+        assert (
+            cp.kubectl("auth", "can-i", verb, "pods", "-n", ns, *as_driver).stdout.strip() == "yes"
+        )
+    assert (
+        cp.kubectl("auth", "can-i", "get", "secrets", "-n", ns, *as_driver).stdout.strip() == "no"
+    )
+    assert (
+        cp.kubectl("auth", "can-i", "create", "pods", "-n", "default", *as_driver).stdout.strip()
+        == "no"
+    )
 
     # Its own resource: status and finalizers.
     cp.kubectl("apply", "-f", "-", input=json.dumps(k8s_pipeline(ns)), check=True)
@@ -546,15 +688,39 @@ def test_operator_account_can_do_its_job_and_no_more(
     )
     assert can_i(cp, release, "create", "events", "-n", ns)
     assert can_i(cp, release, "patch", "events.events.k8s.io", "-n", ns)
-    assert can_i(cp, release, "patch", "leases.coordination.k8s.io", "-n", RELEASE_NAMESPACE)
+    assert can_i(
+        cp, release, "patch", "leases.coordination.k8s.io", "-n", release.operator_namespace
+    )
     assert can_i(cp, release, "get", "secrets", "-n", ns)  # the pipeline's Kafka Secret
+    assert can_i(cp, release, "delete", "pods", "-n", ns)  # restarts a stalled driver
 
-    # And no more.
-    assert not can_i(cp, release, "list", "secrets", "-n", ns)
-    assert not can_i(cp, release, "watch", "secrets", "-n", ns)
+    # And no more: no pods or roles of its own making, no binding of any other role.
+    for verb, resource in [
+        ("create", "pods"),
+        ("deletecollection", "pods"),
+        ("create", "roles"),
+        ("create", "clusterroles"),
+        ("list", "secrets"),
+        ("watch", "secrets"),
+    ]:
+        assert not can_i(cp, release, verb, resource, "-n", ns), f"{verb} {resource}"
+    admin = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "chart-probe-admin", "namespace": ns},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "admin",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}],
+    }
+    escalation = apply_as_operator(cp, release, admin)
+    assert escalation.returncode != 0 and "forbidden" in escalation.stderr.lower()
     assert not can_i(cp, release, "list", "secrets", "--all-namespaces")
     assert not can_i(cp, release, "patch", "leases.coordination.k8s.io", "-n", "kube-system")
-    assert not can_i(cp, release, "create", "clusterroles")
     assert not can_i(cp, release, "list", "nodes")
-    if installed.namespaced:
+    if installed.mode != "cluster-wide":
         assert not can_i(cp, release, "list", PLURAL, "-n", "default")
+        assert not can_i(cp, release, "get", "secrets", "-n", "default")
+        assert not can_i(cp, release, "create", "serviceaccounts", "-n", "default")

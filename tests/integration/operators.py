@@ -40,7 +40,11 @@ def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 60.0) ->
 
 
 def install_chart(cp: ControlPlane, release: str, namespace: str) -> Path:
-    """Install the chart as ``release`` in ``namespace``; the ServiceAccount's kubeconfig."""
+    """Install the chart cluster-wide as ``release`` in ``namespace``; its account's kubeconfig.
+
+    Cluster-wide: these tests serve pipelines in namespaces made per test (tests/charts
+    runs the namespaced default).
+    """
     cp.helm(
         "install",
         release,
@@ -48,6 +52,8 @@ def install_chart(cp: ControlPlane, release: str, namespace: str) -> Path:
         "--namespace",
         namespace,
         "--create-namespace",
+        "--set",
+        "clusterWide=true",
         "--wait=false",
         check=True,
     )

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from eop_operator.cli import EXIT_INVALID, main
+from eop_operator.cli import EXIT_INVALID, build_parser, main
 
 
 def test_render_prints_the_objects(
@@ -35,3 +35,23 @@ def test_render_of_a_bad_manifest_is_one_clear_line(
 def test_crd_prints_yaml(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["crd"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["kind"] == "CustomResourceDefinition"
+
+
+def test_operator_refuses_node_access_and_binds_eop_driver_by_default() -> None:
+    args = build_parser().parse_args(["operator", "--namespace", "team-a"])
+    assert (args.allow_host_network, args.allow_host_path_volumes) == (False, False)
+    assert str(args.driver_role) == "Role/eop-driver"
+    allowed = build_parser().parse_args(
+        ["operator", "-A", "--allow-host-network", "--allow-host-path-volumes",
+         "--driver-role", "ClusterRole/eop-driver"]
+    )  # fmt: skip
+    assert (allowed.allow_host_network, allowed.allow_host_path_volumes) == (True, True)
+    assert (allowed.driver_role.kind, allowed.driver_role.name) == ("ClusterRole", "eop-driver")
+
+
+def test_a_bad_driver_role_is_one_clear_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["operator", "-A", "--driver-role", "eop-driver"])
+    assert exited.value.code == EXIT_INVALID
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--driver-role" in err and "Role/NAME or ClusterRole/NAME" in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 from eop_operator.api.load import InvalidPipeline, load_pipeline
 from eop_operator.render import MissingImage, render_pipeline
 from eop_operator.render.naming import SPEC_HASH_ANNOTATION
+from eop_operator.render.pod_policy import PodPolicy, PodPolicyRefused, check_pod_policy
 from eop_operator.render.ports import (
     HostPortRange,
     HostPortsExhausted,
@@ -18,6 +20,7 @@ from eop_operator.render.ports import (
     metrics_host_port_of,
     preferred_host_port,
 )
+from eop_operator.render.rbac import DRIVER_RULES, DriverRole
 
 
 def _objects(manifest: dict[str, Any], **kwargs: Any) -> dict[str, dict[str, Any]]:
@@ -127,14 +130,53 @@ def test_suspend_does_not_change_the_pod_template(manifest: dict[str, Any]) -> N
 def test_kubernetes_executors_get_their_own_least_privilege_rbac(manifest: dict[str, Any]) -> None:
     manifest["spec"]["spark"] = {"master": "k8s://https://kubernetes.default.svc"}
     objects = _objects(manifest)
-    assert {"ServiceAccount", "Role", "RoleBinding"} <= set(objects)
-    rules = objects["Role"]["rules"]
-    assert all("secrets" not in r["resources"] and "*" not in r["verbs"] for r in rules)
+    # The driver's account is bound to the pre-made drivers' role; the operator makes no Role.
+    assert {"ServiceAccount", "RoleBinding"} <= set(objects) and "Role" not in objects
+    binding = objects["RoleBinding"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "eop-driver",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "clean-driver", "namespace": "ads"}
+    ]
+    assert all("secrets" not in r["resources"] and "*" not in r["verbs"] for r in DRIVER_RULES)
     pod = objects["StatefulSet"]["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "clean-driver"
     assert pod["automountServiceAccountToken"] is True
     run = json.loads(objects["ConfigMap"]["data"]["run.json"])
     assert run["spark"]["conf"]["spark.kubernetes.namespace"] == "ads"
+
+
+def test_drivers_are_bound_to_the_operators_driver_role(manifest: dict[str, Any]) -> None:
+    manifest["spec"]["spark"] = {"master": "k8s://https://kubernetes.default.svc"}
+    pipeline = load_pipeline(manifest)
+    role = DriverRole.parse("ClusterRole/team-eop-driver")
+    objects = render_pipeline(pipeline, default_image="i:1", generation=0, driver_role=role).objects
+    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert binding["metadata"]["namespace"] == "ads"  # granted in the pipeline's namespace only
+    assert (binding["roleRef"]["kind"], binding["roleRef"]["name"]) == (role.kind, role.name)
+    # A binding's roleRef is immutable: another role gets another binding, never a failed apply.
+    (default,) = [o for o in render_pipeline(pipeline, default_image="i:1", generation=0).objects
+                  if o["kind"] == "RoleBinding"]  # fmt: skip
+    assert default["metadata"]["name"] != binding["metadata"]["name"]
+
+
+def test_a_pipeline_with_its_own_service_account_gets_no_binding(manifest: dict[str, Any]) -> None:
+    manifest["spec"]["spark"] = {"master": "k8s://https://kubernetes.default.svc"}
+    manifest["spec"]["serviceAccountName"] = "spark-runner"
+    objects = _objects(manifest)
+    assert not {"ServiceAccount", "RoleBinding", "Role"} & set(objects)
+    assert (
+        objects["StatefulSet"]["spec"]["template"]["spec"]["serviceAccountName"] == "spark-runner"
+    )
+
+
+@pytest.mark.parametrize("text", ["eop-driver", "Role/", "ClusterRoleBinding/x", "role/x"])
+def test_driver_role_option_names_kind_and_name(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="Role/NAME or ClusterRole/NAME"):
+        DriverRole.parse(text)
 
 
 def test_checkpoint_uri_has_no_claim(manifest: dict[str, Any]) -> None:
@@ -277,3 +319,39 @@ def test_invalid_driver_cpu_names_the_field(manifest: dict[str, Any], cpu: str) 
     manifest["spec"]["driver"] = {"resources": {"requests": {"cpu": cpu}}}
     with pytest.raises(InvalidPipeline, match=r"driver\.resources\.requests\.cpu"):
         load_pipeline(manifest)
+
+
+# --- the operator's pod policy -------------------------------------------------------------------
+
+
+HOST_PATH = {"name": "logs", "hostPath": {"path": "/var/log"}}
+
+
+def test_node_access_is_refused_by_default_naming_each_field(manifest: dict[str, Any]) -> None:
+    manifest["spec"]["driver"] = {
+        "hostNetwork": True,
+        "volumes": [{"name": "scratch", "emptyDir": {}}, HOST_PATH],
+    }
+    with pytest.raises(PodPolicyRefused) as refused:
+        check_pod_policy(load_pipeline(manifest), PodPolicy())
+    message = str(refused.value)
+    assert message.count("\n") == 0
+    assert "spec.driver.hostNetwork:" in message and "--allow-host-network" in message
+    assert "spec.driver.volumes[1].hostPath:" in message and "volumes[0]" not in message
+    # The spec handler and the lifecycle treat it as an invalid spec: Degraded, no driver.
+    assert isinstance(refused.value, InvalidPipeline)
+
+
+def test_node_access_is_run_when_allowed(manifest: dict[str, Any]) -> None:
+    manifest["spec"]["driver"] = {"hostNetwork": True, "volumes": [HOST_PATH]}
+    pipeline = load_pipeline(manifest)
+    check_pod_policy(pipeline, PodPolicy(allow_host_network=True, allow_host_path_volumes=True))
+    with pytest.raises(PodPolicyRefused, match=r"^spec\.driver\.volumes\[0\]\.hostPath"):
+        check_pod_policy(pipeline, PodPolicy(allow_host_network=True))
+    with pytest.raises(PodPolicyRefused, match=r"^spec\.driver\.hostNetwork"):
+        check_pod_policy(pipeline, PodPolicy(allow_host_path_volumes=True))
+
+
+def test_ordinary_pipelines_pass_the_pod_policy(manifest: dict[str, Any]) -> None:
+    manifest["spec"]["driver"] = {"volumes": [{"name": "scratch", "emptyDir": {}}]}
+    check_pod_policy(load_pipeline(manifest), PodPolicy())

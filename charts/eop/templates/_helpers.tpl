@@ -56,11 +56,49 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
+The namespaces the operator serves, as a JSON list (use with fromJsonArray): watchNamespaces, or
+the release's own namespace when that list is empty. Empty with clusterWide: every namespace.
+*/}}
+{{- define "eop.watchedNamespaces" -}}
+{{- if .Values.clusterWide }}
+{{- if .Values.watchNamespaces }}
+{{- fail "watchNamespaces must be empty with clusterWide: true (the operator then serves every namespace)" }}
+{{- end }}
+{{- toJson list }}
+{{- else }}
+{{- toJson (.Values.watchNamespaces | default (list .Release.Namespace)) }}
+{{- end }}
+{{- end }}
+
+{{/* The role the drivers' ServiceAccounts are bound to: a Role in each watched namespace, or
+one ClusterRole (bound per namespace, by RoleBindings the operator creates) in clusterWide mode. */}}
+{{- define "eop.driverRoleName" -}}
+{{- printf "%s-driver" (include "eop.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "eop.driverRoleKind" -}}
+{{- ternary "ClusterRole" "Role" .Values.clusterWide }}
+{{- end }}
+
+{{/*
+What a pipeline's driver may do in its own namespace when it runs Spark executors on Kubernetes
+(spec.spark.master k8s://...): manage its executor pods, their services, config maps and
+on-demand volume claims. Nothing cluster-wide, no secrets. The same list as DRIVER_RULES in
+operator/eop_operator/render/rbac.py (tests/charts checks they agree).
+*/}}
+{{- define "eop.driverRules" -}}
+- apiGroups: [""]
+  resources: ["pods", "services", "configmaps", "persistentvolumeclaims"]
+  verbs: ["create", "get", "list", "watch", "delete", "deletecollection"]
+{{- end }}
+
+{{/*
 RBAC: what the operator may do in each namespace it serves. The one list that both the
-ClusterRole (watchNamespaces empty) and the per-namespace Roles are rendered from; why each
-rule exists is in docs/install.md. Secrets: `get` only (never list or watch), so the health
-checks can read the Kafka Secret a pipeline names (docs/observability.md); rbac.readSecrets=false
-drops it. No wildcards, no escalate/bind/impersonate.
+ClusterRole (clusterWide) and the per-namespace Roles are rendered from; why each rule exists is
+in docs/install.md. Secrets: `get` only (never list or watch), so the health checks can read the
+Kafka Secret a pipeline names (docs/observability.md); rbac.readSecrets=false drops it. No
+wildcards, no escalate or impersonate, and `bind` only on the drivers' role, by name: the
+operator hands drivers that pre-made role instead of holding (and granting) its permissions.
 */}}
 {{- define "eop.rbacRules" -}}
 # The pipelines: watch them, add and remove the finalizer (patch), write their status.
@@ -72,26 +110,28 @@ drops it. No wildcards, no escalate/bind/impersonate.
   verbs: ["get", "patch", "update"]
 # What each pipeline is rendered into, applied server-side (create + patch), read and deleted.
 - apiGroups: [""]
-  resources: ["serviceaccounts"]
+  resources: ["configmaps", "persistentvolumeclaims", "services", "serviceaccounts"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["rbac.authorization.k8s.io"]
-  resources: ["roles", "rolebindings"]
+  resources: ["rolebindings"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Also what the drivers' Role grants when executors run on Kubernetes: RBAC lets the operator
-# grant only permissions it holds itself (it has no escalate or bind).
-- apiGroups: [""]
-  resources: ["configmaps", "persistentvolumeclaims", "services"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete", "deletecollection"]
+# A driver's RoleBinding may name only the drivers' pre-made role (RBAC's escalation check).
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: [{{ ternary "clusterroles" "roles" .Values.clusterWide | quote }}]
+  verbs: ["bind"]
+  resourceNames: [{{ include "eop.driverRoleName" . | quote }}]
+# Driver pods: watched, and deleted to restart a stalled driver (its StatefulSet makes them).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete", "deletecollection"]
-# Events on the pipelines (kopf posts core/v1 Events; events.k8s.io for newer clients).
+  verbs: ["get", "list", "watch", "delete"]
+# Events on the pipelines (kopf posts core/v1 Events; events.k8s.io for newer clients); the
+# Warning events of driver pods, claims and StatefulSets are listed for the status' reasons.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["list", "create", "patch"]
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]

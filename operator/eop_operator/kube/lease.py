@@ -11,7 +11,11 @@ the handlers, the others wait.  Rules (docs/high-availability.md):
   never both win: the API server answers 409 to the slower one;
 * the leader renews every ``retry_period`` and gives up once it has not
   renewed for ``renew_deadline`` (shorter than the lease duration), before any
-  candidate may take over: the caller then stops acting at once.
+  candidate may take over: the caller then stops acting at once;
+* a renewal counts from the moment it was *sent* (its write may land any time
+  after), and each attempt is cut off when the renew deadline passes: a slow
+  API server can make a renewal late, never stretch leadership past the
+  deadline (an HTTP timeout longer than the lease would let two leaders act).
 """
 
 from __future__ import annotations
@@ -111,6 +115,24 @@ class LeaderElector:
         self._seen: tuple[str | None, str | None, str | None] | None = None
         self._seen_at = 0.0
         self._holding = False
+        #: Monotonic time at which the last successful acquire or renewal was sent.
+        self._renewed_at = 0.0
+
+    async def _attempt(self, timeout: float) -> bool | None:
+        """One :meth:`try_acquire_or_renew` cut off after ``timeout`` seconds (then None).
+
+        On success, the time the attempt started counts as the renewal time: its write
+        landed no earlier, so a standby's wait for a whole lease duration starts after it.
+        """
+        started = time.monotonic()
+        try:
+            held = await asyncio.wait_for(self.try_acquire_or_renew(), max(timeout, 0.0))
+        except TimeoutError:
+            log.warning("leader election: no answer from the API server within %.1fs", timeout)
+            return None
+        if held:
+            self._renewed_at = started
+        return held
 
     async def try_acquire_or_renew(self) -> bool:
         """One round: read the Lease, then take or renew it if the rules allow; True if held."""
@@ -167,7 +189,7 @@ class LeaderElector:
         announced = False
         while True:
             try:
-                if await self.try_acquire_or_renew():
+                if await self._attempt(self.renew_deadline):
                     return
             except (KubeError, OSError) as exc:
                 log.warning("leader election: %s", exc)
@@ -181,20 +203,24 @@ class LeaderElector:
     async def hold(self) -> None:
         """Renew the Lease until a renewal has not succeeded for ``renew_deadline``; then return.
 
-        Returning means leadership is lost: the caller must stop acting.
+        Returning means leadership is lost: the caller must stop acting.  Each renewal is
+        cut off at the deadline, so this returns at most ``renew_deadline`` after the last
+        successful renewal was sent, however slow the API server answers.
         """
-        renewed = time.monotonic()
         while True:
-            await asyncio.sleep(self.retry_period)
+            deadline = self._renewed_at + self.renew_deadline
+            await asyncio.sleep(max(0.0, min(self.retry_period, deadline - time.monotonic())))
+            held: bool | None = None
             try:
-                if await self.try_acquire_or_renew():
-                    renewed = time.monotonic()
-                    continue
-                log.error("lost the lease %s/%s to another replica", self.namespace, self.name)
-                return
+                held = await self._attempt(deadline - time.monotonic())
             except (KubeError, OSError) as exc:
                 log.warning("leader election: cannot renew: %s", exc)
-            if time.monotonic() - renewed >= self.renew_deadline:
+            if held:
+                continue
+            if held is False:
+                log.error("lost the lease %s/%s to another replica", self.namespace, self.name)
+                return
+            if time.monotonic() >= deadline:
                 log.error("could not renew the lease for %.0fs", self.renew_deadline)
                 return
 

@@ -24,7 +24,7 @@ from eop_operator.render.driver import (
 )
 from eop_operator.render.naming import SPEC_HASH_ANNOTATION
 from eop_operator.render.ports import driver_ports
-from eop_operator.render.rbac import render_driver_rbac
+from eop_operator.render.rbac import DEFAULT_DRIVER_ROLE, DriverRole, render_driver_rbac
 from eop_operator.render.storage import render_checkpoint_claim, render_config_map
 from eop_spark.config import RunConfig
 
@@ -63,12 +63,14 @@ def render_pipeline(
     generation: int,
     metrics_host_port: int | None = None,
     reset_progress: bool = False,
+    driver_role: DriverRole = DEFAULT_DRIVER_ROLE,
 ) -> RenderedPipeline:
     """Render the ConfigMap, PVC, driver RBAC, Service and StatefulSet of a pipeline.
 
     ``metrics_host_port``: the port the operator assigned to a host-network driver
     (``render.ports.choose_host_port``); unset, the one derived from the pipeline's identity.
     ``reset_progress`` marks a stateless generation (see ``eop_spark.reset``).
+    ``driver_role``: the pre-made role a driver with executors on Kubernetes is bound to.
     """
     image = pipeline.spec.image or default_image
     if not image:
@@ -96,7 +98,7 @@ def render_pipeline(
     digest = spec_hash(config_map["data"], template)
     template["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = digest
     claim = render_checkpoint_claim(pipeline)
-    objects = [config_map, *([claim] if claim else []), *render_driver_rbac(pipeline)]
+    objects = [config_map, *([claim] if claim else []), *render_driver_rbac(pipeline, driver_role)]
     objects += [
         render_driver_service(pipeline, ports),
         render_driver_statefulset(pipeline, template),

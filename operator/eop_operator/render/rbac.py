@@ -1,7 +1,16 @@
-"""ServiceAccount, Role and RoleBinding of a driver that runs executors on Kubernetes."""
+"""ServiceAccount and RoleBinding of a driver that runs executors on Kubernetes.
+
+The driver's permissions live in a role the chart creates beforehand (``<release>-driver``:
+a Role in each watched namespace, or one ClusterRole bound per namespace); the operator only
+binds a driver's ServiceAccount to it. So the operator needs neither the pod rights it would
+otherwise have to hold to grant them, nor the right to create roles: RBAC lets it create the
+binding because it may ``bind`` that one role, by name (docs/security.md).
+"""
 
 from __future__ import annotations
 
+import argparse
+from dataclasses import dataclass
 from typing import Any
 
 from eop_operator.api.models import ExactlyOncePipeline
@@ -9,6 +18,7 @@ from eop_operator.render.naming import child_metadata, driver_name
 
 #: What Spark's driver needs to manage its executors: pods, their services and
 #: config maps, and on-demand volume claims.  Nothing cluster-wide, no secrets.
+#: The chart's drivers' role (``eop.driverRules`` in charts/eop) holds exactly these.
 DRIVER_RULES: list[dict[str, Any]] = [
     {
         "apiGroups": [""],
@@ -16,6 +26,33 @@ DRIVER_RULES: list[dict[str, Any]] = [
         "verbs": ["create", "get", "list", "watch", "delete", "deletecollection"],
     }
 ]
+
+ROLE_KINDS = ("Role", "ClusterRole")
+
+
+@dataclass(frozen=True)
+class DriverRole:
+    """The pre-made role drivers are bound to: a namespace's Role or a ClusterRole."""
+
+    kind: str
+    name: str
+
+    @classmethod
+    def parse(cls, text: str) -> DriverRole:
+        """``Role/NAME`` or ``ClusterRole/NAME`` (the ``--driver-role`` option)."""
+        kind, _, name = text.partition("/")
+        if kind not in ROLE_KINDS or not name:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected Role/NAME or ClusterRole/NAME, e.g. Role/eop-driver"
+            )
+        return cls(kind, name)
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+
+#: What the chart creates for a release named ``eop`` in namespaced mode.
+DEFAULT_DRIVER_ROLE = DriverRole("Role", "eop-driver")
 
 
 def driver_service_account_name(pipeline: ExactlyOncePipeline) -> str | None:
@@ -27,8 +64,10 @@ def driver_service_account_name(pipeline: ExactlyOncePipeline) -> str | None:
     return None
 
 
-def render_driver_rbac(pipeline: ExactlyOncePipeline) -> list[dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding, only when the operator must create them."""
+def render_driver_rbac(
+    pipeline: ExactlyOncePipeline, role: DriverRole = DEFAULT_DRIVER_ROLE
+) -> list[dict[str, Any]]:
+    """ServiceAccount and its RoleBinding to ``role``, only when the operator must create them."""
     if not pipeline.spec.spark.on_kubernetes or pipeline.spec.service_account_name:
         return []
     name = driver_name(pipeline)
@@ -40,15 +79,17 @@ def render_driver_rbac(pipeline: ExactlyOncePipeline) -> list[dict[str, Any]]:
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": child_metadata(pipeline, name, "driver"),
-            "rules": DRIVER_RULES,
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
-            "metadata": child_metadata(pipeline, name, "driver"),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            # Named after the role: a binding's roleRef is immutable, so a driver moved to
+            # another role (or from the per-pipeline Role of older versions) gets a new one.
+            "metadata": child_metadata(
+                pipeline, f"{name}-{role.kind.lower()}-{role.name}", "driver"
+            ),
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": role.kind,
+                "name": role.name,
+            },
             "subjects": [
                 {"kind": "ServiceAccount", "name": name, "namespace": pipeline.metadata.namespace}
             ],
