@@ -16,15 +16,18 @@ from typing import Any
 
 from eop_operator import API_VERSION, KIND, metrics
 from eop_operator.api.load import InvalidPipeline, load_pipeline
-from eop_operator.api.models import ExactlyOncePipeline, Phase
+from eop_operator.api.models import ExactlyOncePipeline, Phase, UpgradeStep
 from eop_operator.api.resolve import IdentityChanged, resolve_identity
-from eop_operator.kube.client import KubeClient
+from eop_operator.kube.client import KubeClient, KubeError
 from eop_operator.kube.events import post_event
 from eop_operator.reconcile.failover import parse_stamp
-from eop_operator.reconcile.observe import DriverState
+from eop_operator.reconcile.observe import ClaimState, DriverState, WarningEvent
 from eop_operator.reconcile.status import (
+    Cause,
     DriverObservation,
+    diagnose,
     lifecycle_verdict,
+    pod_cause,
     ready_column,
     status_patch,
 )
@@ -41,7 +44,12 @@ from eop_operator.reconcile.upgrade import (
     spec_to_run,
 )
 from eop_operator.render import MissingImage, RenderedPipeline, checkpoint_root
-from eop_operator.render.naming import RESTART_NONCE_ANNOTATION, driver_name, selector_labels
+from eop_operator.render.naming import (
+    RESTART_NONCE_ANNOTATION,
+    checkpoint_claim_name,
+    driver_name,
+    selector_labels,
+)
 
 #: Renders a pipeline at (checkpoint generation, resetProgress); see ``render_pipeline``.
 Renderer = Callable[[ExactlyOncePipeline, int, bool], RenderedPipeline]
@@ -51,6 +59,13 @@ Renderer = Callable[[ExactlyOncePipeline, int, bool], RenderedPipeline]
 _LOCKS: dict[tuple[str, str], asyncio.Lock] = {}
 #: Decisions per :func:`drive` call before it yields to the next trigger.
 MAX_STEPS = 6
+#: Every child is applied again (what was deleted or changed comes back) at most this
+#: often per pipeline; a running pipeline is looked at every minute by the timer.
+HEAL_SECONDS = 10.0
+#: When each pipeline's children were last applied (event-loop time).
+_HEALED: dict[tuple[str, str], float] = {}
+#: What the API server refused at the last apply of each pipeline's children.
+_REFUSED: dict[tuple[str, str], tuple[str, ...]] = {}
 
 
 class _Shutdown:
@@ -108,7 +123,8 @@ async def drive(
                 return None
             body = await client.get(API_VERSION, KIND, namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
-                _LOCKS.pop((namespace, name), None)
+                for memory in (_LOCKS, _HEALED, _REFUSED):
+                    memory.pop((namespace, name), None)
                 return None
             try:
                 requeue = await _step(client, body, render, [pod] if pod else [])
@@ -140,6 +156,57 @@ def _count(pipeline: ExactlyOncePipeline, events: Sequence[Event], now: datetime
             metrics.record_upgrade(namespace, name, wal.mode.value, seconds)
 
 
+def _refused(exc: BaseException) -> bool:
+    """An API server's "no" to this object (invalid, forbidden, immutable), not a passing fault."""
+    return isinstance(exc, KubeError) and 400 <= exc.status < 500 and exc.status not in (408, 429)
+
+
+def _refusal(obj: dict[str, Any], exc: BaseException) -> str:
+    return f"{obj['kind']} {obj['metadata']['name']}: {str(exc)[:300]}"
+
+
+async def apply_children(
+    client: KubeClient, objects: list[dict[str, Any]], replicas: int
+) -> tuple[str, ...]:
+    """Apply every child; return what the API server refused, one line each.
+
+    Children do not block each other: a refused claim update (a size the
+    StorageClass cannot expand) leaves the driver to start, and its readiness
+    timeout and rollback still apply.  Only a refused ConfigMap holds the
+    StatefulSet back: its pod would run the old ``run.json`` under the new
+    spec hash.  Passing faults (5xx, time-outs) raise, and the step is retried.
+    """
+    *supporting, sts = objects
+    sts["spec"]["replicas"] = replicas
+    # Everything the driver mounts or runs as goes first; the StatefulSet last,
+    # so its pod never starts without its ConfigMap and claim.
+    results = await asyncio.gather(
+        *(client.apply(obj) for obj in supporting), return_exceptions=True
+    )
+    refused: list[str] = []
+    for obj, result in zip(supporting, results, strict=True):
+        if isinstance(result, BaseException):
+            if not _refused(result):
+                raise result
+            refused.append(_refusal(obj, result))
+    if any(line.startswith("ConfigMap ") for line in refused):
+        refused.append(f"StatefulSet {sts['metadata']['name']}: held back until its ConfigMap")
+        return tuple(refused)
+    try:
+        await client.apply(sts)
+    except KubeError as exc:
+        if not _refused(exc):
+            raise
+        refused.append(_refusal(sts, exc))
+    return tuple(refused)
+
+
+async def _warnings(client: KubeClient, namespace: str) -> list[WarningEvent]:
+    """The namespace's Warning events: one list, read only when the driver does not run."""
+    events = await client.list_objects("v1", "Event", namespace, field_selector="type=Warning")
+    return [WarningEvent.from_event(event) for event in events]
+
+
 async def _step(
     client: KubeClient, body: dict[str, Any], render: Renderer, departed: list[dict[str, Any]]
 ) -> float | None:
@@ -148,6 +215,7 @@ async def _step(
     identity = resolve_identity(pipeline)
     run, running_stable = spec_to_run(pipeline)
     namespace = pipeline.metadata.namespace
+    key = (namespace, pipeline.metadata.name)
     statefulset = await client.get("apps/v1", "StatefulSet", namespace, driver_name(pipeline))
     selector = ",".join(f"{k}={v}" for k, v in selector_labels(pipeline).items())
     pods = await client.list_objects("v1", "Pod", namespace, label_selector=selector)
@@ -156,33 +224,85 @@ async def _step(
         and _template_annotation(statefulset, RESTART_NONCE_ANNOTATION) != run.spec.restart_nonce
     )
     now = datetime.datetime.now(datetime.UTC)
+    driver = DriverState.from_objects(statefulset, pods, departed)
+    status = pipeline.status
+    clock = asyncio.get_running_loop().time()
+    heal_due = clock - _HEALED.get(key, -HEAL_SECONDS) >= HEAL_SECONDS
+    steady = driver.steady_with(status.spec_hash, now)
+    claim_name = checkpoint_claim_name(pipeline) if run.spec.checkpoint.claim else None
+    claim = ClaimState.UNKNOWN
+    # A running driver's claim, once deleted, stays until the pod goes: the periodic
+    # look finds it; a driver that does not run, or an upgrade, looks every time.
+    if claim_name is not None and (heal_due or not steady or status.upgrade is not None):
+        found = await client.get("v1", "PersistentVolumeClaim", namespace, claim_name)
+        claim = ClaimState.of(found)
     decision = decide(
         Situation(
-            status=pipeline.status,
+            status=status,
             fingerprint=spec_fingerprint(pipeline.spec),
             spec_dump=pipeline.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
             suspend=pipeline.spec.suspend,
             upgrade=pipeline.spec.upgrade,
             failover=pipeline.spec.failover,
-            driver=DriverState.from_objects(statefulset, pods, departed),
+            driver=driver,
             hash_at=lambda generation, reset: render(run, generation, reset).spec_hash,
             now=now,
             running_stable=running_stable,
             restart_reason=RESTART_NONCE if nonce_changed else SPEC_CHANGED,
+            claim=claim,
+            claim_name=claim_name,
         )
     )
-    await _write_status(client, body, pipeline, identity.progress_group, decision, statefulset)
+    cause = None
+    if not pipeline.spec.suspend and not steady:
+        cause = pod_cause(driver, now)
+        if cause is None:
+            cause = diagnose(
+                driver,
+                claim=claim,
+                claim_name=claim_name,
+                warnings=await _warnings(client, namespace),
+                statefulset_uid=(statefulset or {}).get("metadata", {}).get("uid"),
+                now=now,
+            )
+    await _write_status(
+        client,
+        body,
+        pipeline,
+        identity.progress_group,
+        decision,
+        statefulset,
+        cause=cause,
+        refused=_REFUSED.get(key, ()),
+    )
     for event in decision.events:
         await post_event(client, body, type=event.type, reason=event.reason, message=event.message)
     _count(pipeline, decision.events, now)
-    if decision.action is Action.APPLY:
-        *supporting, sts = render(run, decision.generation, decision.reset_progress).objects
-        sts["spec"]["replicas"] = decision.replicas
-        # Everything the driver mounts or runs as goes first; the StatefulSet last,
-        # so its pod never starts without its ConfigMap and claim.
-        await asyncio.gather(*(client.apply(obj) for obj in supporting))
-        await client.apply(sts)
-        return None
+    if "upgrade" in decision.status:
+        step = (decision.status["upgrade"] or {}).get("step")
+    else:
+        step = status.upgrade.step.value if status.upgrade else None
+    # Never while an old driver stops: that StatefulSet must keep zero replicas.
+    heal = (
+        decision.action is Action.WAIT
+        and heal_due
+        and status.spec_hash is not None
+        and claim is not ClaimState.DELETING
+        and step in (None, UpgradeStep.STARTING.value)
+    )
+    if decision.action is Action.APPLY or heal:
+        objects = render(run, decision.generation, decision.reset_progress).objects
+        refused = await apply_children(client, objects, decision.replicas)
+        _HEALED[key] = clock
+        before = _REFUSED.get(key, ())
+        _REFUSED[key] = refused
+        if refused and refused != before:
+            await post_event(
+                client, body, type="Warning", reason="ApplyRefused", message="; ".join(refused)
+            )
+        if decision.action is Action.APPLY or refused != before:
+            return None
+        return decision.requeue_after
     if decision.action is Action.STOP and statefulset is not None:
         # A merge patch: the pod template stays the old one while the old driver stops.
         await client.patch(
@@ -199,6 +319,9 @@ async def _write_status(
     group: str,
     decision: Decision,
     statefulset: dict[str, Any] | None,
+    *,
+    cause: Cause | None,
+    refused: tuple[str, ...],
 ) -> None:
     """Patch ``.status`` with the decision and the phase it leads to; skip no-op writes."""
     previous = pipeline.status
@@ -210,6 +333,8 @@ async def _write_status(
         driver=observation,
         degraded=decision.degraded,
         upgrading=message if in_flight else None,
+        cause=cause,
+        refused=refused,
     )
     ready = ready_column(observation, suspend=pipeline.spec.suspend)
     generation = pipeline.metadata.generation

@@ -593,3 +593,204 @@ def test_suspend_resume_and_restart_nonce(pipeline: Callable[..., Pipeline]) -> 
     upgraded = [e for e in p.events() if e in ("Upgrading", "Upgraded")]
     assert upgraded == ["Upgrading", "Upgraded"]
     assert p.watch.hashes() == [first, restarted]
+
+
+def _condition(p: Pipeline, kind: str = "Ready") -> dict[str, Any]:
+    return next((c for c in p.status().get("conditions", []) if c["type"] == kind), {})
+
+
+def _reason_column(p: Pipeline) -> str:
+    """The REASON column of ``kubectl get eop``."""
+    table = p.cp.kubectl("get", "eop", p.name, "-n", p.ns, check=True).stdout.splitlines()
+    header, row = table[0].split(), table[1].split()
+    return row[header.index("REASON")]
+
+
+def _wait_reason(p: Pipeline, reason: str, timeout: float = 60) -> dict[str, Any]:
+    """Wait until the Ready condition (and the REASON column) names ``reason``."""
+    wait_for(lambda: _condition(p).get("reason") == reason, f"reason {reason}", timeout)
+    assert _reason_column(p) == reason
+    return _condition(p)
+
+
+def test_every_child_deleted_comes_back_and_a_lost_claim_starts_a_new_generation(
+    pipeline: Callable[..., Pipeline],
+) -> None:
+    p = pipeline("heal")
+    first = p.running()
+    assert _reason_column(p) == "DriverReady"
+    claim = f"{p.name}-checkpoint"
+    # Nothing watches ConfigMaps or Services: the periodic look finds them gone.
+    for kind, name in (("configmap", f"{p.name}-config"), ("service", f"{p.name}-driver")):
+        p.cp.kubectl("delete", kind, name, "-n", p.ns, check=True)
+    for kind, name in (("configmap", f"{p.name}-config"), ("service", f"{p.name}-driver")):
+        wait_for(lambda k=kind, n=name: p.get(k, n), f"{kind} {name} back", timeout=90)
+    assert p.status()["checkpoint"]["generation"] == 0  # nothing lost: the same generation
+
+    # The claim and the pod, as in a lost node: the checkpoint is gone.
+    p.cp.kubectl("delete", "pvc", claim, "-n", p.ns, "--wait=false", check=True)
+    p.cp.kubectl("delete", "pod", f"{p.name}-driver-0", "-n", p.ns, "--wait=false", check=True)
+    p.wait_event("CheckpointLost")
+    second = p.running()
+    assert second != first
+    assert p.run_json()["generation"] == 1
+    assert p.status()["checkpoint"]["generation"] == 1
+    made = p.get("pvc", claim)
+    assert made is not None and not made["metadata"].get("deletionTimestamp")
+    # The new generation started only after the old driver was gone.
+    assert p.watch.hashes() == [first, second]
+
+    # The StatefulSet: its deletion is an event; it comes back at once.
+    p.cp.kubectl("delete", "statefulset", f"{p.name}-driver", "-n", p.ns, check=True)
+    wait_for(lambda: p.get("statefulset", f"{p.name}-driver"), "the StatefulSet back", 30)
+    assert p.template_hash() == second
+
+
+def test_a_refused_claim_update_does_not_keep_the_driver_down(
+    pipeline: Callable[..., Pipeline],
+) -> None:
+    p = pipeline("resize")
+    p.running()
+    # An unbound claim's spec is immutable (as a bound one's size is without expansion).
+    p.spec["checkpoint"] = {"volume": {"size": "2Gi"}}
+    p.spec["transform"]["sql"] = "SELECT key, upper(value) AS value FROM source"
+    p.apply()
+    upgraded = p.running()  # the new driver started all the same
+    assert p.template_hash() == upgraded
+    p.wait_event("ApplyRefused")
+    ready = _wait_reason(p, "ApplyRefused")
+    assert ready["status"] == "True"
+    assert f"PersistentVolumeClaim {p.name}-checkpoint" in ready["message"], ready
+    assert "refused by the API server" in ready["message"]
+
+
+def test_causes_from_the_pod_and_its_events_are_in_the_conditions(
+    pipeline: Callable[..., Pipeline],
+) -> None:
+    p = pipeline("causes")
+    spec_hash = wait_for(lambda: p.status().get("specHash"), "the driver to be applied")
+    pod = p.pod_of(spec_hash)
+    name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+    # No scheduler runs here: the claim the pod waits for is what holds it.
+    assert "is Pending" in _wait_reason(p, "ClaimPending")["message"]
+
+    def kubelet(status: dict[str, Any]) -> None:
+        p.cp.kubectl(
+            "patch", "pod", name, "-n", p.ns, "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": status}), check=True,
+        )  # fmt: skip
+
+    kubelet(
+        {
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/1 nodes are available: 1 Insufficient cpu.",
+                }
+            ]
+        }
+    )
+    assert "1 Insufficient cpu" in _wait_reason(p, "Unschedulable")["message"]
+    assert p.status()["phase"] == "Pending"
+
+    waiting = {"reason": "ContainerCreating"}
+    kubelet(
+        {
+            "conditions": [{"type": "PodScheduled", "status": "True"}],
+            "containerStatuses": [
+                {
+                    "name": "driver", "ready": False, "restartCount": 0, "image": "x",
+                    "imageID": "", "state": {"waiting": waiting},
+                }
+            ],
+        }
+    )  # fmt: skip
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{name}.", "namespace": p.ns},
+        "involvedObject": {"kind": "Pod", "name": name, "namespace": p.ns, "uid": uid},
+        "type": "Warning",
+        "reason": "FailedCreatePodSandBox",
+        "message": "Failed to create pod sandbox: plugin type=bridge failed: no IP addresses",
+        "source": {"component": "kubelet"},
+        "firstTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "lastTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "count": 1,
+    }
+    p.cp.kubectl("create", "-f", "-", input=json.dumps(event), check=True)
+    sandbox = _wait_reason(p, "SandboxFailed")
+    assert "no IP addresses" in sandbox["message"]
+    assert p.status()["phase"] == "Degraded"
+
+    pulling = {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "eop:nope"'}
+    kubelet(
+        {
+            "containerStatuses": [
+                {
+                    "name": "driver", "ready": False, "restartCount": 0, "image": "x",
+                    "imageID": "", "state": {"waiting": pulling},
+                }
+            ],
+        }
+    )  # fmt: skip
+    assert 'pulling image "eop:nope"' in _wait_reason(p, "ImagePullFailed")["message"]
+
+
+def test_a_crash_loop_is_degraded_with_the_runners_message_even_between_crashes(
+    pipeline: Callable[..., Pipeline],
+) -> None:
+    p = pipeline("loop")
+    spec_hash = p.running()
+    pod = p.pod_of(spec_hash)
+    message = "eop: error: [Failed] source.kafka: broker 127.0.0.1:9092 went away"
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    p._status_patch(
+        pod["metadata"]["name"],
+        {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
+            "containerStatuses": [
+                {
+                    "name": "driver",
+                    "ready": True,
+                    "restartCount": 2,
+                    "image": "localhost/eop-spark:test",
+                    "imageID": "",
+                    "state": {"running": {"startedAt": now}},
+                    "lastState": {
+                        "terminated": {
+                            "exitCode": 4,
+                            "message": message,
+                            "startedAt": now,
+                            "finishedAt": now,
+                        }
+                    },
+                }
+            ],
+        },
+    )
+    ready = _wait_reason(p, "CrashLoop")
+    assert ready["status"] == "False"
+    assert "broker 127.0.0.1:9092 went away" in ready["message"]
+    status = p.status()
+    assert status["phase"] == "Degraded"
+    assert _condition(p, "Degraded")["status"] == "True"
+
+
+def test_a_statefulset_that_cannot_create_its_pod_says_why(
+    control_plane: ControlPlane, kube_namespace: str, pipeline: Callable[..., Pipeline]
+) -> None:
+    limits = {
+        "apiVersion": "v1",
+        "kind": "LimitRange",
+        "metadata": {"name": "small", "namespace": kube_namespace},
+        "spec": {"limits": [{"type": "Container", "max": {"cpu": "100m"}}]},
+    }
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(limits), check=True)
+    p = pipeline("forbidden")
+    failed = _wait_reason(p, "FailedCreate")
+    assert "forbidden" in failed["message"] and "cpu" in failed["message"]
+    assert p.status()["phase"] == "Degraded"

@@ -1,9 +1,20 @@
-"""Status decisions: phase, READY column and kstatus-compatible conditions."""
+"""Status decisions: phase, READY column, kstatus-compatible conditions, and the causes."""
 
 from __future__ import annotations
 
+import datetime
+from typing import Any
+
 from eop_operator.api.models import Condition, ConditionStatus, Phase, PipelineStatus
-from eop_operator.reconcile.status import DriverObservation, judge, status_patch
+from eop_operator.reconcile.observe import ClaimState, DriverState, WarningEvent
+from eop_operator.reconcile.status import (
+    Cause,
+    DriverObservation,
+    diagnose,
+    judge,
+    lifecycle_verdict,
+    status_patch,
+)
 
 RUNNING = DriverObservation(desired=1, ready=1, rolled_out=True)
 STARTING = DriverObservation(desired=1, ready=0, rolled_out=True)
@@ -65,3 +76,187 @@ def test_observation_from_statefulset() -> None:
     assert DriverObservation.from_statefulset(sts) == ROLLING
     sts["status"]["currentRevision"] = "b"  # type: ignore[index]
     assert DriverObservation.from_statefulset(sts) == RUNNING
+
+
+NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
+STS_UID = "sts-uid"
+
+
+def driver_pod(**status: Any) -> dict[str, Any]:
+    """A driver pod as the API server shows it, with the given status fields."""
+    return {"metadata": {"name": "p-driver-0", "uid": "pod-uid"}, "status": status}
+
+
+def container(**fields: Any) -> dict[str, Any]:
+    return {"containerStatuses": [{"name": "driver", "restartCount": 0, **fields}]}
+
+
+def warning(kind: str, uid: str, reason: str, message: str, name: str = "") -> WarningEvent:
+    return WarningEvent(kind, name, uid, reason, message, at="2026-01-01T11:59:59")
+
+
+def cause(
+    *pods: dict[str, Any],
+    claim: ClaimState = ClaimState.BOUND,
+    warnings: tuple[WarningEvent, ...] = (),
+    replicas: int = 1,
+) -> Cause | None:
+    sts = {"metadata": {"uid": STS_UID}, "spec": {"replicas": replicas}}
+    driver = DriverState.from_objects(sts, list(pods))
+    return diagnose(
+        driver,
+        claim=claim,
+        claim_name="p-checkpoint",
+        warnings=warnings,
+        statefulset_uid=STS_UID,
+        now=NOW,
+    )
+
+
+def test_a_running_driver_has_no_cause() -> None:
+    ready = driver_pod(
+        phase="Running",
+        conditions=[{"type": "Ready", "status": "True"}],
+        **container(state={"running": {}}),
+    )
+    assert cause(ready) is None
+
+
+def test_an_image_that_cannot_be_pulled_is_degraded_with_the_kubelets_words() -> None:
+    waiting = {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "eop:nope"'}
+    found = cause(driver_pod(phase="Pending", **container(state={"waiting": waiting})))
+    assert found is not None and found.stuck and found.reason == "ImagePullFailed"
+    assert 'Back-off pulling image "eop:nope"' in found.message
+
+
+def test_a_crash_loop_quotes_the_runners_termination_message() -> None:
+    last = {
+        "exitCode": 2,
+        "message": "eop: error: [ConfigError] source.kafka.startingOffsets: 'abc' is no offset\n",
+        "finishedAt": "2026-01-01T11:59:50Z",
+    }
+    pod = driver_pod(
+        phase="Running",
+        **container(
+            restartCount=3,
+            state={"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
+            lastState={"terminated": last},
+        ),
+    )
+    found = cause(pod)
+    assert found is not None and found.stuck and found.reason == "CrashLoop"
+    assert "[ConfigError] source.kafka.startingOffsets: 'abc' is no offset" in found.message
+    assert "restarted 3 times" in found.message
+
+
+def test_ready_between_two_crashes_is_not_running() -> None:
+    last = {
+        "exitCode": 1,
+        "message": "eop: error: [Failed] boom",
+        "finishedAt": "2026-01-01T11:59:55Z",
+    }
+    pod = driver_pod(
+        phase="Running",
+        conditions=[{"type": "Ready", "status": "True"}],
+        **container(restartCount=2, state={"running": {}}, lastState={"terminated": last}),
+    )
+    found = cause(pod)
+    assert found is not None and found.reason == "CrashLoop" and found.stuck
+    once = driver_pod(
+        phase="Running",
+        conditions=[{"type": "Ready", "status": "True"}],
+        **container(restartCount=1, state={"running": {}}, lastState={"terminated": last}),
+    )
+    first = cause(once)
+    assert first is not None and first.reason == "DriverRestarted" and not first.stuck
+    last["finishedAt"] = "2026-01-01T11:50:00Z"  # long ago: it runs
+    assert cause(pod) is None
+
+
+def test_unschedulable_quotes_the_scheduler() -> None:
+    scheduled = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "0/1 nodes are available: 1 Insufficient cpu.",
+    }
+    found = cause(driver_pod(phase="Pending", conditions=[scheduled]))
+    assert found is not None and found.reason == "Unschedulable" and not found.stuck
+    assert "1 Insufficient cpu" in found.message
+
+
+def test_a_pod_without_a_sandbox_is_degraded_with_the_events_words() -> None:
+    creating = driver_pod(
+        phase="Pending", **container(state={"waiting": {"reason": "ContainerCreating"}})
+    )
+    sandbox = warning("Pod", "pod-uid", "FailedCreatePodSandBox", "failed to setup network")
+    stale = warning("Pod", "an-older-pod", "FailedCreatePodSandBox", "not this pod's")
+    found = cause(creating, warnings=(stale, sandbox))
+    assert found is not None and found.reason == "SandboxFailed" and found.stuck
+    assert "failed to setup network" in found.message and "not this pod" not in found.message
+    assert cause(creating, warnings=(stale,)) is None
+
+
+def test_a_statefulset_that_cannot_create_its_pod_is_degraded() -> None:
+    refused = warning(
+        "StatefulSet", STS_UID, "FailedCreate", 'pods "p-driver-0" is forbidden: maximum cpu'
+    )
+    found = cause(warnings=(refused,))
+    assert found is not None and found.reason == "FailedCreate" and found.stuck
+    assert "maximum cpu" in found.message
+    assert cause(warnings=(refused,), replicas=0) is None  # suspended: no pod is wanted
+
+
+def test_the_claim_missing_or_pending_is_the_cause_of_a_waiting_pod() -> None:
+    pending = driver_pod(phase="Pending")
+    missing = cause(pending, claim=ClaimState.MISSING)
+    assert missing is not None and missing.reason == "CheckpointClaimMissing"
+    assert "p-checkpoint is missing" in missing.message
+    plain = cause(pending, claim=ClaimState.PENDING)
+    assert plain is not None and plain.reason == "ClaimPending" and not plain.stuck
+    failed = warning(
+        "PersistentVolumeClaim",
+        "",
+        "ProvisioningFailed",
+        'storageclass "fast" not found',
+        name="p-checkpoint",
+    )
+    provisioning = cause(pending, claim=ClaimState.PENDING, warnings=(failed,))
+    assert provisioning is not None and provisioning.stuck
+    assert 'storageclass "fast" not found' in provisioning.message
+
+
+def test_a_stuck_cause_makes_the_pipeline_degraded_and_not_ready() -> None:
+    stuck = Cause("ImagePullFailed", "the driver image cannot be pulled", True)
+    verdict = lifecycle_verdict(
+        suspend=False, driver=RUNNING, degraded=None, upgrading=None, cause=stuck
+    )
+    assert verdict.phase is Phase.DEGRADED and not verdict.ready and verdict.degraded
+    assert verdict.reason == "ImagePullFailed"
+    waiting = Cause("Unschedulable", "0/1 nodes", False)
+    verdict = lifecycle_verdict(
+        suspend=False, driver=STARTING, degraded=None, upgrading=None, cause=waiting
+    )
+    assert verdict.phase is Phase.PENDING and verdict.progressing and not verdict.degraded
+    upgrading = lifecycle_verdict(
+        suspend=False, driver=STARTING, degraded=None, upgrading="SpecChanged: x", cause=stuck
+    )
+    assert upgrading.phase is Phase.UPGRADING and upgrading.degraded
+    assert upgrading.message == "SpecChanged: x; the driver image cannot be pulled"
+
+
+def test_what_the_api_server_refused_is_in_the_status() -> None:
+    refused = ("PersistentVolumeClaim p-checkpoint: HTTP 422: spec is immutable",)
+    verdict = lifecycle_verdict(
+        suspend=False, driver=RUNNING, degraded=None, upgrading=None, refused=refused
+    )
+    assert verdict.ready and verdict.reason == "ApplyRefused"
+    assert verdict.message.endswith("refused by the API server: " + refused[0])
+
+
+def test_claim_states() -> None:
+    assert ClaimState.of(None) is ClaimState.MISSING
+    assert ClaimState.of({"metadata": {"deletionTimestamp": "T"}}) is ClaimState.DELETING
+    assert ClaimState.of({"metadata": {}, "status": {"phase": "Bound"}}) is ClaimState.BOUND
+    assert ClaimState.of({"metadata": {}, "status": {}}) is ClaimState.PENDING
+    assert ClaimState.MISSING.gone and ClaimState.DELETING.gone and not ClaimState.LOST.gone

@@ -18,7 +18,7 @@ from eop_operator.api.models import (
     UpgradeStep,
 )
 from eop_operator.reconcile.failover import stamp
-from eop_operator.reconcile.observe import DriverState, PodObservation, Termination
+from eop_operator.reconcile.observe import ClaimState, DriverState, PodObservation, Termination
 from eop_operator.reconcile.upgrade import (
     Action,
     Decision,
@@ -346,3 +346,84 @@ def test_a_healthy_driver_of_a_new_spec_becomes_the_stable_spec() -> None:
     status = steady().model_copy(update={"last_stable_fingerprint": None})
     decision = decide(situation(status, running("v1-g0")))
     assert decision.status["lastStableSpec"] == {"was": "v1"}
+
+
+def test_a_lost_claim_starts_the_next_generation_from_the_progress_group() -> None:
+    s = situation(steady(generation=2), running("v1-g2"), claim=ClaimState.MISSING)
+    s = dataclasses.replace(s, claim_name="p-checkpoint")
+    decision = decide(s)
+    assert decision.action is Action.STOP
+    wal = decision.status["upgrade"]
+    assert wal["reason"] == "CheckpointLost" and wal["mode"] == "committed-offsets"
+    assert wal["generation"] == 3 and wal["resetProgress"] is False
+    (event,) = decision.events
+    assert (event.type, event.reason) == ("Warning", "CheckpointLost")
+    assert "p-checkpoint" in event.message and "generation 3" in event.message
+    # The deleted claim stays while a pod uses it; the new one is made only once it is gone.
+    status = apply_status(steady(generation=2), decision)
+    gone = DriverState(exists=True, replicas=0, template_hash="v1-g2")
+    deleting = decide(situation(status, gone, claim=ClaimState.DELETING))
+    assert deleting.action is Action.WAIT
+    started = decide(situation(status, gone, claim=ClaimState.MISSING))
+    assert started.action is Action.APPLY and started.generation == 3
+    assert started.status["checkpoint"] == {"generation": 3, "resetProgress": False}
+
+
+def test_a_claim_that_is_there_or_not_looked_at_changes_nothing() -> None:
+    for claim in (ClaimState.BOUND, ClaimState.PENDING, ClaimState.UNKNOWN):
+        decision = decide(situation(steady(), running("v1-g0"), claim=claim))
+        assert decision.action is Action.WAIT and decision.events == ()
+
+
+def test_starting_makes_the_claim_again_when_it_is_missing() -> None:
+    s = situation(starting(), running("v2-g0", ready=False), version="v2", claim=ClaimState.MISSING)
+    assert decide(s).action is Action.APPLY
+
+
+def test_a_new_pipeline_waits_for_the_claim_of_an_earlier_one_to_go() -> None:
+    s = situation(PipelineStatus(), DriverState(), claim=ClaimState.DELETING)
+    s = dataclasses.replace(s, claim_name="p-checkpoint")
+    decision = decide(s)
+    assert decision.action is Action.WAIT and decision.events == ()
+    assert "p-checkpoint" in decision.status["message"]
+    assert decide(situation(PipelineStatus(), DriverState())).action is Action.APPLY
+
+
+def _between_crashes(restarts: int, message: str, seconds_ago: int) -> DriverState:
+    """A driver pod Ready for a moment after its container restarted."""
+    ended = stamp(NOW - datetime.timedelta(seconds=seconds_ago))
+    crashing = pod(
+        "v1-g0",
+        ready=True,
+        restart_count=restarts,
+        termination=Termination(2, message, finished_at=ended),
+    )
+    return DriverState(exists=True, replicas=1, template_hash="v1-g0", pods=(crashing,))
+
+
+def test_a_crash_loop_is_degraded_while_the_driver_is_ready_between_crashes() -> None:
+    driver = _between_crashes(3, "eop: error: [Failed] boom", seconds_ago=5)
+    decision = decide(situation(steady(), driver, failover=FailoverSpec(max_restarts=2)))
+    assert decision.degraded is not None and decision.degraded[0] == "CrashLoop"
+    assert "boom" in decision.degraded[1]
+
+
+def test_a_config_error_is_degraded_at_once_even_while_ready_for_a_moment() -> None:
+    message = "eop: error: [ConfigError] source.kafka.startingOffsets: 'abc' is not an offset"
+    decision = decide(situation(steady(), _between_crashes(1, message, seconds_ago=5)))
+    assert decision.degraded is not None and decision.degraded[0] == "ConfigError"
+    assert "startingOffsets: 'abc' is not an offset" in decision.degraded[1]
+
+
+def test_a_driver_ready_long_after_its_last_restart_is_not_degraded() -> None:
+    status = steady()
+    driver = _between_crashes(3, "eop: error: [Failed] boom", seconds_ago=5)
+    counted = apply_status(status, decide(situation(status, driver)))
+    later = NOW + datetime.timedelta(minutes=2)
+    assert decide(situation(counted, driver, now=later)).degraded is None
+
+
+def test_a_crash_looping_spec_does_not_become_the_stable_spec() -> None:
+    status = steady().model_copy(update={"last_stable_fingerprint": None})
+    driver = _between_crashes(2, "eop: error: [Failed] boom", seconds_ago=5)
+    assert "lastStableSpec" not in decide(situation(status, driver)).status

@@ -127,6 +127,12 @@ def _printer_columns() -> list[dict[str, Any]]:
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},
         {"name": "Lag", "type": "integer", "jsonPath": ".status.lag"},
+        # Why: the reason of the Ready condition (DriverReady, Unschedulable, CrashLoop, ...).
+        {
+            "name": "Reason",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+        },
         {"name": "Mode", "type": "string", "jsonPath": ".status.commitMode", "priority": 1},
         {"name": "Checkpoint-Gen", "type": "integer", "jsonPath": ".status.checkpoint.generation"},
         {"name": "Restarts", "type": "integer", "jsonPath": ".status.failover.restarts"},

@@ -187,13 +187,20 @@ class KubeClient:
         return await self._request("GET", object_path(api_version, kind, namespace, name))
 
     async def list_objects(
-        self, api_version: str, kind: str, namespace: str, *, label_selector: str
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        *,
+        label_selector: str = "",
+        field_selector: str = "",
     ) -> list[dict[str, Any]]:
-        """The objects of a kind in a namespace that match a label selector."""
+        """The objects of a kind in a namespace that match a label and a field selector."""
+        params = {"labelSelector": label_selector, "fieldSelector": field_selector}
         result = await self._request(
             "GET",
             object_path(api_version, kind, namespace),
-            params={"labelSelector": label_selector},
+            params={k: v for k, v in params.items() if v},
         )
         return list((result or {}).get("items", []))
 

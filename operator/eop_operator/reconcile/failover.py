@@ -20,12 +20,15 @@ from eop_spark.spec import duration_ms
 
 #: How many driver pods' termination counts are remembered.
 SEEN_PODS = 16
-#: Reasons after which restarting the same driver cannot help.
-HOPELESS = frozenset({FailureReason.CONFIG_ERROR})
 #: Reasons a new checkpoint generation (from the progress group) repairs.
 CHECKPOINT_REASONS = frozenset(
     {FailureReason.INCOMPATIBLE_CHECKPOINT, FailureReason.CORRUPT_CHECKPOINT}
 )
+#: Reasons after which restarting the same driver may help (Kafka back, a passing fault).
+RETRYABLE = frozenset({FailureReason.FAILED, FailureReason.ENVIRONMENT})
+#: Reasons after which restarting the same driver cannot help: every other reason the
+#: runner names (ConfigError, and any refusal it adds), so a new one is Degraded at once.
+HOPELESS = frozenset(set(FailureReason) - RETRYABLE - CHECKPOINT_REASONS)
 
 
 def stamp(now: datetime.datetime) -> str:

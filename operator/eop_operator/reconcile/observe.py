@@ -6,7 +6,9 @@ decisions can be tested without an API server.
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from eop_operator.render.naming import GENERATION_ANNOTATION, SPEC_HASH_ANNOTATION
@@ -37,6 +39,26 @@ class PodObservation:
     deleting: bool = False
     restart_count: int = 0
     termination: Termination | None = None
+    #: The driver container's ``state.waiting`` (reason, message), e.g. ImagePullBackOff.
+    waiting: tuple[str, str] | None = None
+    #: The scheduler's word when it cannot place the pod (PodScheduled False).
+    unschedulable: str | None = None
+    #: Whether the kubelet has started the driver container at least once.
+    started: bool = False
+
+    def restarted_within(self, now: datetime.datetime, seconds: float) -> bool:
+        """Whether the driver container ended (and was restarted) less than ``seconds`` ago.
+
+        A crash-looping driver is Ready for a moment between two crashes: its
+        previous termination (``lastState.terminated``) tells it apart from a
+        driver that runs.
+        """
+        ended = self.termination
+        if ended is None or ended.current or self.restart_count == 0 or not ended.finished_at:
+            return False
+        finished = datetime.datetime.strptime(ended.finished_at, "%Y-%m-%dT%H:%M:%SZ")
+        age = now - finished.replace(tzinfo=datetime.UTC)
+        return age.total_seconds() < seconds
 
     @property
     def failures(self) -> int:
@@ -53,10 +75,15 @@ class PodObservation:
         annotations = meta.get("annotations") or {}
         conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
         containers = [c for c in status.get("containerStatuses") or [] if c.get("name") == "driver"]
-        restarts, termination = 0, None
+        restarts, termination, waiting, started = 0, None, None, False
         if containers:
             container = containers[0]
             restarts = int(container.get("restartCount", 0))
+            state = container.get("state") or {}
+            started = bool(state.get("running") or state.get("terminated") or restarts)
+            if state.get("waiting"):
+                wait = state["waiting"]
+                waiting = (str(wait.get("reason") or ""), str(wait.get("message") or ""))
             now = (container.get("state") or {}).get("terminated")
             before = (container.get("lastState") or {}).get("terminated")
             ended = now or before
@@ -68,6 +95,12 @@ class PodObservation:
                     finished_at=ended.get("finishedAt"),
                 )
         generation = annotations.get(GENERATION_ANNOTATION)
+        scheduled: dict[str, Any] = next(
+            (c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {}
+        )
+        unschedulable = None
+        if scheduled.get("status") == "False":
+            unschedulable = str(scheduled.get("message") or scheduled.get("reason") or "")
         return cls(
             name=meta.get("name", ""),
             uid=meta.get("uid", ""),
@@ -78,6 +111,9 @@ class PodObservation:
             deleting=meta.get("deletionTimestamp") is not None,
             restart_count=restarts,
             termination=termination,
+            waiting=waiting,
+            unschedulable=unschedulable,
+            started=started,
         )
 
 
@@ -126,3 +162,79 @@ class DriverState:
     def ready_with(self, spec_hash: str | None) -> bool:
         """Whether a pod of ``spec_hash`` is Ready."""
         return any(p.ready and not p.deleting and p.spec_hash == spec_hash for p in self.pods)
+
+    def steady_with(self, spec_hash: str | None, now: datetime.datetime) -> bool:
+        """Whether a pod of ``spec_hash`` is Ready and has not just restarted (a crash loop)."""
+        return any(
+            p.ready
+            and not p.deleting
+            and p.spec_hash == spec_hash
+            and not p.restarted_within(now, RECOVERY_SECONDS)
+            for p in self.pods
+        )
+
+
+#: A driver that restarted less than this long ago is not yet running again: between two
+#: crashes of a crash loop the container is Ready for a moment.
+RECOVERY_SECONDS = 60.0
+
+
+class ClaimState(StrEnum):
+    """The checkpoint claim as the operator last saw it."""
+
+    #: The pipeline keeps its checkpoint at a URI, or the claim was not looked at.
+    UNKNOWN = "unknown"
+    BOUND = "Bound"
+    PENDING = "Pending"
+    #: Deleted, kept only until no pod uses it (kubernetes.io/pvc-protection).
+    DELETING = "Deleting"
+    MISSING = "Missing"
+    LOST = "Lost"
+
+    @classmethod
+    def of(cls, claim: dict[str, Any] | None) -> ClaimState:
+        """Read a core/v1 PersistentVolumeClaim (None: it does not exist)."""
+        if claim is None:
+            return cls.MISSING
+        if claim.get("metadata", {}).get("deletionTimestamp"):
+            return cls.DELETING
+        phase = claim.get("status", {}).get("phase", "Pending")
+        return {"Bound": cls.BOUND, "Lost": cls.LOST}.get(phase, cls.PENDING)
+
+    @property
+    def gone(self) -> bool:
+        """Whether the checkpoint it held is gone or going (a new one must be made)."""
+        return self in (ClaimState.MISSING, ClaimState.DELETING)
+
+
+@dataclass(frozen=True)
+class WarningEvent:
+    """A Warning event about one of the driver's objects (the pod, StatefulSet or claim)."""
+
+    kind: str
+    name: str
+    uid: str
+    reason: str
+    message: str
+    #: The last time it happened (RFC 3339 seconds; "" when the event has none).
+    at: str = ""
+
+    @classmethod
+    def from_event(cls, event: dict[str, Any]) -> WarningEvent:
+        """Read a core/v1 Event."""
+        involved = event.get("involvedObject") or {}
+        at = (
+            event.get("lastTimestamp")
+            or (event.get("series") or {}).get("lastObservedTime")
+            or event.get("eventTime")
+            or event.get("metadata", {}).get("creationTimestamp")
+            or ""
+        )
+        return cls(
+            kind=str(involved.get("kind", "")),
+            name=str(involved.get("name", "")),
+            uid=str(involved.get("uid", "")),
+            reason=str(event.get("reason", "")),
+            message=str(event.get("message", "")).strip(),
+            at=str(at)[:19],
+        )

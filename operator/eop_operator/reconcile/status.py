@@ -8,10 +8,20 @@ generic health read) and ``observedGeneration``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import datetime
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from eop_operator.api.models import Condition, ConditionStatus, Phase, PipelineStatus
+from eop_operator.reconcile.failover import classify
+from eop_operator.reconcile.observe import (
+    RECOVERY_SECONDS,
+    ClaimState,
+    DriverState,
+    PodObservation,
+    WarningEvent,
+)
 
 READY = "Ready"
 PROGRESSING = "Progressing"
@@ -75,20 +85,221 @@ def judge(*, suspend: bool, driver: DriverObservation | None, error: str | None)
     return Verdict(Phase.PENDING, False, True, False, "DriverStarting", "driver not ready yet")
 
 
+@dataclass(frozen=True)
+class Cause:
+    """Why the driver does not run, in the words of the pod, its events and the claim."""
+
+    #: A short CamelCase reason (the REASON column of ``kubectl get eop``).
+    reason: str
+    message: str
+    #: Waiting does not help (a crash loop, an image that cannot be pulled): Degraded.
+    stuck: bool
+
+
+#: Container waiting reasons of an image that cannot be had.
+IMAGE_PULL = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+)
+#: Container waiting reasons of a container the runtime cannot create or start.
+CONTAINER_FAILED = frozenset(
+    {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+)
+#: Pod events of a pod that gets no sandbox (network, runtime) from the kubelet.
+SANDBOX_FAILED = frozenset({"FailedCreatePodSandBox"})
+#: Pod events of volumes that cannot be attached or mounted.
+VOLUME_FAILED = frozenset({"FailedMount", "FailedAttachVolume", "FailedMapVolume"})
+#: StatefulSet events of a pod the API server refuses (quota, LimitRange, admission).
+FAILED_CREATE = frozenset({"FailedCreate"})
+#: How much of a Kubernetes message a condition quotes.
+QUOTE_LIMIT = 400
+
+
+def _quote(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= QUOTE_LIMIT else text[: QUOTE_LIMIT - 3] + "..."
+
+
+def _crash(pod: PodObservation, *, stuck: bool) -> Cause:
+    """A driver that ended: its termination message as the runner wrote it."""
+    assert pod.termination is not None
+    reason, message = classify(pod.termination)
+    times = "1 time" if pod.restart_count == 1 else f"{pod.restart_count} times"
+    return Cause(
+        "CrashLoop" if stuck else "DriverRestarted",
+        f"the driver exited (code {pod.termination.exit_code}) and restarted {times}; "
+        f"last: [{reason.value}] {_quote(message)}",
+        stuck,
+    )
+
+
+def _latest(
+    warnings: Sequence[WarningEvent], kind: str, match: str, reasons: frozenset[str] | None = None
+) -> WarningEvent | None:
+    """The newest warning about the object of ``kind`` whose uid (or, for claims, name) is
+    ``match``, among ``reasons`` when given."""
+    found = [
+        w
+        for w in warnings
+        if w.kind == kind
+        and match in (w.uid, w.name if kind == "PersistentVolumeClaim" else "")
+        and (reasons is None or w.reason in reasons)
+    ]
+    return max(found, key=lambda w: w.at) if found else None
+
+
+def pod_cause(driver: DriverState, now: datetime.datetime) -> Cause | None:
+    """What the driver pod's own status says is wrong, if anything (no events needed)."""
+    pods = [p for p in driver.pods if not p.deleting]
+    if not pods:
+        return None
+    pod = pods[0]
+    if pod.waiting is not None:
+        reason, message = pod.waiting
+        if reason in IMAGE_PULL:
+            return Cause(
+                "ImagePullFailed",
+                f"the driver image cannot be pulled ({reason}): {_quote(message)}",
+                True,
+            )
+        if reason == "CrashLoopBackOff" and pod.termination is not None:
+            return _crash(pod, stuck=True)
+        if reason in CONTAINER_FAILED:
+            return Cause(
+                "ContainerFailed",
+                f"the driver container cannot start ({reason}): {_quote(message)}",
+                True,
+            )
+    if pod.restarted_within(now, RECOVERY_SECONDS):
+        return _crash(pod, stuck=pod.restart_count >= 2)
+    if pod.unschedulable is not None:
+        return Cause(
+            "Unschedulable",
+            f"the driver pod cannot be scheduled: {_quote(pod.unschedulable)}",
+            False,
+        )
+    return None
+
+
+def diagnose(
+    driver: DriverState,
+    *,
+    claim: ClaimState,
+    claim_name: str | None,
+    warnings: Sequence[WarningEvent],
+    statefulset_uid: str | None,
+    now: datetime.datetime,
+) -> Cause | None:
+    """Why the driver is not running, or None when it runs (or nothing more is known).
+
+    Pure: the pod's status first (waiting reasons, a termination a moment ago,
+    the scheduler's word), then the claim, then the warnings about the pod, the
+    StatefulSet and the claim (``warnings``: one list of the namespace's
+    Warning events, read only when the driver is not running).
+    """
+    pods = [p for p in driver.pods if not p.deleting]
+    if pods and pods[0].ready and not pods[0].restarted_within(now, RECOVERY_SECONDS):
+        return None
+    found = pod_cause(driver, now)
+    if found is not None:
+        return found
+    if claim_name is not None and claim.gone:
+        state = "missing" if claim is ClaimState.MISSING else "being deleted"
+        return Cause(
+            "CheckpointClaimMissing",
+            f"checkpoint claim {claim_name} is {state}: the operator makes a new one for "
+            "the next checkpoint generation",
+            False,
+        )
+    if claim_name is not None and claim is ClaimState.LOST:
+        return Cause(
+            "CheckpointClaimLost",
+            f"checkpoint claim {claim_name} lost its volume (phase Lost): delete the claim "
+            "and the operator starts the next checkpoint generation on a new one",
+            True,
+        )
+    if not pods:
+        created = _latest(warnings, "StatefulSet", statefulset_uid or "", FAILED_CREATE)
+        if created is not None and driver.exists and driver.replicas > 0:
+            return Cause(
+                "FailedCreate",
+                f"the driver StatefulSet cannot create its pod: {_quote(created.message)}",
+                True,
+            )
+        return None
+    pod = pods[0]
+    sandbox = _latest(warnings, "Pod", pod.uid, SANDBOX_FAILED)
+    if sandbox is not None and not pod.started:
+        return Cause(
+            "SandboxFailed",
+            f"the driver pod gets no sandbox or network ({sandbox.reason}): "
+            f"{_quote(sandbox.message)}",
+            True,
+        )
+    volume = _latest(warnings, "Pod", pod.uid, VOLUME_FAILED)
+    if volume is not None and not pod.started:
+        return Cause(
+            "VolumeFailed",
+            f"a volume of the driver pod cannot be mounted ({volume.reason}): "
+            f"{_quote(volume.message)}",
+            False,
+        )
+    if claim_name is not None and claim is ClaimState.PENDING:
+        provisioning = _latest(warnings, "PersistentVolumeClaim", claim_name)
+        detail = f": {_quote(provisioning.message)}" if provisioning else ""
+        stuck = provisioning is not None and provisioning.reason == "ProvisioningFailed"
+        return Cause("ClaimPending", f"checkpoint claim {claim_name} is Pending{detail}", stuck)
+    other = _latest(warnings, "Pod", pod.uid)
+    if other is not None and not pod.started:
+        return Cause(
+            "DriverStarting",
+            f"driver not ready yet ({other.reason}): {_quote(other.message)}",
+            False,
+        )
+    return None
+
+
 def lifecycle_verdict(
     *,
     suspend: bool,
     driver: DriverObservation | None,
     degraded: tuple[str, str] | None,
     upgrading: str | None,
+    cause: Cause | None = None,
+    refused: Sequence[str] = (),
 ) -> Verdict:
-    """The verdict once the lifecycle is known: Degraded and Upgrading win over the driver's."""
+    """The verdict once the lifecycle is known: Degraded and Upgrading win over the driver's.
+
+    ``cause`` (see :func:`diagnose`) says why the driver does not run: it names
+    the reason and message, and makes the pipeline Degraded when waiting does
+    not help. ``refused`` are the objects the API server refused to apply.
+    """
     if degraded is not None:
         reason, message = degraded
-        return Verdict(Phase.DEGRADED, False, False, True, reason, message)
-    if upgrading is not None and not suspend:
-        return Verdict(Phase.UPGRADING, False, True, False, "Upgrading", upgrading)
-    return judge(suspend=suspend, driver=driver, error=None)
+        verdict = Verdict(Phase.DEGRADED, False, False, True, reason, message)
+    elif upgrading is not None and not suspend:
+        verdict = Verdict(Phase.UPGRADING, False, True, False, "Upgrading", upgrading)
+        if cause is not None:
+            verdict = replace(
+                verdict,
+                degraded=cause.stuck,
+                reason=cause.reason,
+                message=f"{upgrading}; {cause.message}",
+            )
+    else:
+        verdict = judge(suspend=suspend, driver=driver, error=None)
+        if cause is not None and not suspend:
+            phase = Phase.DEGRADED if cause.stuck else Phase.PENDING
+            verdict = Verdict(
+                phase, False, not cause.stuck, cause.stuck, cause.reason, cause.message
+            )
+    if refused:
+        listed = "; ".join(refused)
+        verdict = replace(
+            verdict,
+            reason="ApplyRefused" if verdict.phase is Phase.RUNNING else verdict.reason,
+            message=f"{verdict.message}; refused by the API server: {listed}",
+        )
+    return verdict
 
 
 def _condition(

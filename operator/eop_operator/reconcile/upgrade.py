@@ -49,7 +49,7 @@ from eop_operator.reconcile.failover import (
     parse_stamp,
     stamp,
 )
-from eop_operator.reconcile.observe import DriverState
+from eop_operator.reconcile.observe import ClaimState, DriverState
 from eop_operator.render import spec_hash
 from eop_spark.reasons import FailureReason
 from eop_spark.spec import duration_ms
@@ -63,6 +63,7 @@ RESTART_NONCE = "RestartNonce"
 ROLLED_BACK = "RolledBack"
 FELL_BACK = "FellBack"
 CHECKPOINT_RECOVERY = "CheckpointRecovery"
+CHECKPOINT_LOST = "CheckpointLost"
 
 
 class Action(StrEnum):
@@ -120,6 +121,9 @@ class Situation:
     running_stable: bool = False
     #: Why a restart would happen now (SpecChanged or RestartNonce).
     restart_reason: str = SPEC_CHANGED
+    #: The checkpoint claim (UNKNOWN: the checkpoint lives at a URI, or it was not looked at).
+    claim: ClaimState = ClaimState.UNKNOWN
+    claim_name: str | None = None
 
 
 def target_generation(mode: UpgradeMode, generation: int, reset: bool) -> tuple[int, bool]:
@@ -257,7 +261,8 @@ class _Planner:
     def degraded(self) -> tuple[str, str] | None:
         """Why the pipeline is Degraded now, if it is."""
         status, spec = self.failover, self.s.failover
-        if self.s.driver.ready_with(self.s.status.spec_hash) or status.last_reason is None:
+        steady = self.s.driver.steady_with(self.s.status.spec_hash, self.s.now)
+        if steady or status.last_reason is None:
             return None
         if crash_looping(status, spec):
             return (
@@ -267,7 +272,7 @@ class _Planner:
                 f"{status.last_message}",
             )
         if status.last_reason in {r.value for r in HOPELESS} and status.recent:
-            return ("ConfigError", f"restarting does not help: {status.last_message}")
+            return (status.last_reason, f"restarting does not help: {status.last_message}")
         if status.last_reason == FailureReason.INCOMPATIBLE_CHECKPOINT.value and status.recent:
             return (
                 "IncompatibleCheckpoint",
@@ -281,6 +286,11 @@ def decide(s: Situation) -> Decision:
     """The next lifecycle action for a pipeline (see the module docstring)."""
     plan = _Planner(s)
     status, wal = s.status, s.status.upgrade
+    if status.spec_hash is None and wal is None and s.claim is ClaimState.DELETING:
+        # A claim of an earlier pipeline of the same name is still going: applying now
+        # would patch the claim that is being deleted, and the driver would wait for it.
+        plan.patch["message"] = f"waiting for the earlier claim {s.claim_name} to be deleted"
+        return plan.done(Action.WAIT, requeue_after=POLL_SECONDS)
     if status.spec_hash is None and wal is None and not s.driver.exists:
         spec_hash = s.hash_at(plan.generation, plan.reset)
         plan.patch.update(
@@ -315,7 +325,8 @@ def _stopping(plan: _Planner, wal: UpgradeStatus) -> Decision:
         plan.patch["upgrade"] = _wal(wal)
     if s.driver.replicas != 0:
         return plan.done(Action.STOP, requeue_after=POLL_SECONDS)
-    if s.driver.pods:
+    if s.driver.pods or s.claim is ClaimState.DELETING:
+        # A deleted claim goes once no pod uses it; a new one is made only after that.
         return plan.done(Action.WAIT, requeue_after=POLL_SECONDS)
     if wal.not_before and s.now < parse_stamp(wal.not_before):
         wait = (parse_stamp(wal.not_before) - s.now).total_seconds()
@@ -338,7 +349,11 @@ def _starting(plan: _Planner, wal: UpgradeStatus) -> Decision | None:
     if s.hash_at(wal.generation, wal.reset_progress) != wal.to_hash:
         plan.patch["upgrade"] = None
         return None  # superseded by a newer spec: the steady state starts the next upgrade
-    if s.driver.template_hash != wal.to_hash or s.driver.replicas != plan.replicas:
+    if (
+        s.driver.template_hash != wal.to_hash
+        or s.driver.replicas != plan.replicas
+        or s.claim is ClaimState.MISSING
+    ):
         return plan.done(Action.APPLY, requeue_after=POLL_SECONDS)  # an apply was lost
     what = _describe(wal.mode, wal.generation, wal.reset_progress)
     if s.suspend or s.driver.ready_with(wal.to_hash):
@@ -397,6 +412,8 @@ def _steady(plan: _Planner) -> Decision:
     s = plan.s
     status = s.status
     applied = plan.patch.get("specHash", status.spec_hash)
+    if s.claim.gone and applied is not None:
+        return _checkpoint_lost(plan, applied)
     failure = plan.checkpoint_failure(applied)
     if failure is not None:
         decision = plan.recover(failure, applied)
@@ -429,12 +446,34 @@ def _steady(plan: _Planner) -> Decision:
                 )
                 plan.patch["message"] = "resumed"
     if (
-        s.driver.ready_with(applied)
+        s.driver.steady_with(applied, s.now)
         and not s.running_stable
         and status.last_stable_fingerprint != s.fingerprint
     ):
         plan.patch.update(lastStableSpec=s.spec_dump, lastStableFingerprint=s.fingerprint)
     return plan.done(action, degraded=plan.degraded())
+
+
+def _checkpoint_lost(plan: _Planner, applied: str) -> Decision:
+    """The checkpoint claim is gone: the next generation starts from the progress group.
+
+    The old driver stops first (a deleted claim stays until no pod uses it);
+    the Starting step makes a new claim.
+    """
+    s = plan.s
+    state = "missing" if s.claim is ClaimState.MISSING else "being deleted"
+    return plan.begin(
+        UpgradeMode.COMMITTED_OFFSETS,
+        CHECKPOINT_LOST,
+        from_hash=applied,
+        event=Event(
+            "Warning",
+            CHECKPOINT_LOST,
+            f"checkpoint claim {s.claim_name} is {state}: checkpoint generation "
+            f"{plan.generation} is lost; generation {plan.generation + 1} starts from the "
+            "progress group on a new claim",
+        ),
+    )
 
 
 def spec_fingerprint(spec: PipelineSpec) -> str:
