@@ -32,6 +32,7 @@ import argparse
 import contextlib
 import json
 import random
+import shutil
 import sys
 import tempfile
 import threading
@@ -350,10 +351,24 @@ def operator_values(cluster: LocalCluster, images: Images, watch: list[str]) -> 
     }
 
 
+def _helm_release_status(cluster: LocalCluster) -> str | None:
+    """The release's status (``deployed``, ``pending-upgrade``, ...), None when not installed."""
+    result = cluster.helm("status", RELEASE, "-n", OPERATOR_NAMESPACE, "-o", "json")
+    if result.returncode != 0:
+        return None
+    return str(json.loads(result.stdout).get("info", {}).get("status", ""))
+
+
 def install_operator(cluster: LocalCluster, images: Images, work_dir: Path) -> None:
     """Apply the CRD, then ``helm upgrade --install`` the chart and wait for the operator."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"),
                     check=True)  # fmt: skip
+    status = _helm_release_status(cluster)
+    if status is not None and status.startswith("pending"):
+        # A run interrupted in the middle of helm leaves the release locked ("another
+        # operation is in progress"); the CRDs and the pipelines stay.
+        step(f"helm release {RELEASE} was left {status} by an interrupted run: reinstalling")
+        cluster.helm("uninstall", RELEASE, "-n", OPERATOR_NAMESPACE, "--wait", check=True)
     for ns in (NAMESPACE, OPERATOR_NAMESPACE):
         if cluster.kubectl("get", "namespace", ns).returncode != 0:
             cluster.kubectl("create", "namespace", ns, check=True)
@@ -644,6 +659,40 @@ class Outcome:
     disruptions: list[str]
 
 
+def remove_previous_run(cluster: LocalCluster, timeout: float = 180.0) -> None:
+    """Delete a previous run's pipelines, driver pods and checkpoints, and wait until gone.
+
+    A previous run (finished, failed or interrupted) leaves its pipelines running
+    against its broker, which is gone, and their checkpoint claims, which name
+    offsets of that broker.  Each claim stays until no pod uses it: the new
+    pipelines are applied only once all of it is gone, or their drivers would
+    wait for claims that are being deleted.
+    """
+    names = (CLEAN, COUNT)
+    for name in names:
+        cluster.kubectl("delete", "eop", name, "-n", NAMESPACE, "--ignore-not-found",
+                        "--wait=true", f"--timeout={timeout:.0f}s")  # fmt: skip
+    # Their broker is gone: nothing is in flight that a graceful stop would commit.
+    for name in names:
+        for pod in driver_pods(cluster, name):
+            cluster.kubectl("delete", "pod", pod["metadata"]["name"], "-n", NAMESPACE,
+                            "--grace-period=0", "--force", "--ignore-not-found")  # fmt: skip
+    eventually(
+        lambda: not any(driver_pods(cluster, name) for name in names),
+        timeout,
+        lambda: (
+            "the previous run's driver pods to go: "
+            + str([p["metadata"]["name"] for n in names for p in driver_pods(cluster, n)])
+        ),
+    )
+    for name in names:
+        result = cluster.kubectl("delete", "pvc", f"{name}-checkpoint", "-n", NAMESPACE,
+                                 "--ignore-not-found", "--wait=true", f"--timeout={timeout:.0f}s",
+                                 timeout=timeout + 30)  # fmt: skip
+        if result.returncode != 0:
+            raise DemoError(f"the previous run's claim {name}-checkpoint: {result.stderr.strip()}")
+
+
 def run_scenario(
     cluster: LocalCluster,
     broker: KafkaBroker,
@@ -656,11 +705,7 @@ def run_scenario(
     drain_timeout: float = 300.0,
 ) -> Outcome:
     """Apply the pipelines, produce, disrupt, drain and verify (cluster and operator ready)."""
-    for name in (CLEAN, COUNT):  # a previous run's pipelines and checkpoints
-        cluster.kubectl("delete", "eop", name, "-n", NAMESPACE, "--ignore-not-found",
-                        "--wait=true", "--timeout=120s")  # fmt: skip
-        cluster.kubectl("delete", "pvc", f"{name}-checkpoint", "-n", NAMESPACE,
-                        "--ignore-not-found", "--wait=false")  # fmt: skip
+    remove_previous_run(cluster)
     began = time.monotonic()
     cluster.apply(*(pipeline_manifest(name, broker, images) for name in (CLEAN, COUNT)))
     for name in (CLEAN, COUNT):
@@ -712,6 +757,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="eop-demo-"))
     work_dir.mkdir(parents=True, exist_ok=True)
+    temporary = args.work_dir is None
     cluster: LocalCluster | None = None
     broker: KafkaBroker | None = None
     code = 1
@@ -735,6 +781,9 @@ def main(argv: list[str] | None = None) -> int:
             code = 0
         else:
             step("FAIL: the outputs differ from the recount (see the table above)")
+    except KeyboardInterrupt:
+        step("interrupted: stopping the broker and the cluster (the next run starts clean)")
+        code = 130
     except Exception as exc:  # DemoError and anything unexpected: one clear line
         step(f"FAIL: {exc}")
         if cluster is not None:
@@ -755,6 +804,8 @@ def main(argv: list[str] | None = None) -> int:
             if broker is not None:
                 broker.stop()
                 step("Kafka broker stopped")
+            if temporary:
+                shutil.rmtree(work_dir, ignore_errors=True)
             if cluster is not None:
                 cluster.down()
                 step("cluster down")

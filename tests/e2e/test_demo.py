@@ -1,57 +1,65 @@
-"""The ``make demo`` scenario as a test: two pipelines, a force-deleted driver pod, a driver
-container SIGKILLed through containerd, a mid-stream query upgrade; then exactly-once outputs
-for read_committed readers and never two driver pods of one pipeline at once.
+"""The ``make demo`` scenario as a test, twice in a row on the same cluster.
+
+Each run: two pipelines, a force-deleted driver pod, a driver container SIGKILLed through
+containerd, a mid-stream query upgrade; then exactly-once outputs for read_committed readers
+and never two driver pods of one pipeline at once.  The second run starts where the first
+left off, as ``make demo`` run again does: the first run's pipelines still run (against a
+broker that is gone) and their checkpoint claims are still there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from demo import run as demo
-from devenv.kafka import KafkaBroker
 from tests.e2e.conftest import E2ECluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-@pytest.fixture
-def demo_broker(tmp_path: Path) -> Iterator[KafkaBroker]:
-    """A broker with the demo's topics, stopped after the test."""
-    broker = demo.start_broker(tmp_path / "kafka")
-    yield broker
-    broker.stop()
+def _scenario(
+    local_cluster: E2ECluster, work_dir: Path, *, duration: float, disruptions: bool
+) -> None:
+    """One run with a broker of its own (as each ``make demo`` has): exactly once."""
+    images = demo.Images(local_cluster.operator_image, local_cluster.spark_image)
+    broker = demo.start_broker(work_dir / "kafka")
+    try:
+        outcome = demo.run_scenario(
+            local_cluster.cluster,
+            broker,
+            images,
+            rate=800,
+            duration=duration,
+            container_kill=disruptions,
+            operator_kill=disruptions,
+        )
+    finally:
+        broker.stop()
+    v = outcome.verification
+    print(v.table())
+    assert v.produced > 10_000
+    assert v.duplicates == 0, v.table()
+    assert v.missing == 0, v.table()
+    assert v.unexpected == 0, v.table()
+    assert v.clean_records == v.expected_clean, v.table()
+    assert v.window_diffs == 0, v.table()
+    assert all(e == c for e, c in v.per_campaign.values()), v.table()
+    assert outcome.max_clean_drivers == 1, outcome
+    assert outcome.max_count_drivers == 1, outcome
 
 
-def test_demo_scenario_is_exactly_once(
-    local_cluster: E2ECluster, demo_broker: KafkaBroker, tmp_path: Path
+def test_demo_scenario_is_exactly_once_twice_in_a_row(
+    local_cluster: E2ECluster, tmp_path: Path
 ) -> None:
     cluster = local_cluster.cluster
     images = demo.Images(local_cluster.operator_image, local_cluster.spark_image)
     demo.install_operator(cluster, images, tmp_path)
     try:
-        outcome = demo.run_scenario(
-            cluster,
-            demo_broker,
-            images,
-            rate=800,
-            duration=60,
-            container_kill=True,
-            operator_kill=True,
-        )
-        v = outcome.verification
-        print(v.table())
-        assert v.produced > 10_000
-        assert v.duplicates == 0, v.table()
-        assert v.missing == 0, v.table()
-        assert v.unexpected == 0, v.table()
-        assert v.clean_records == v.expected_clean, v.table()
-        assert v.window_diffs == 0, v.table()
-        assert all(e == c for e, c in v.per_campaign.values()), v.table()
-        assert outcome.max_clean_drivers == 1, outcome
-        assert outcome.max_count_drivers == 1, outcome
+        _scenario(local_cluster, tmp_path / "first", duration=60, disruptions=True)
+        # Again at once: the first run's pipelines, drivers and claims are still there.
+        _scenario(local_cluster, tmp_path / "second", duration=20, disruptions=False)
     finally:
         cluster.kubectl(
             "delete", "eop", "--all", "-n", demo.NAMESPACE, "--wait=true", "--timeout=120s"
