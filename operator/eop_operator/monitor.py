@@ -7,6 +7,9 @@ It writes ``status.lag`` and ``status.progress``, and restarts a stalled
 driver by deleting its pod (the StatefulSet recreates it) with a
 ``RestartStalled`` Warning event.
 
+While a pipeline is suspended and no driver pod exists, the daemon keeps
+its progress group from expiring instead (``health.keep_alive``).
+
 A pipeline is never restarted while it is suspended, while its driver is not
 Ready (a starting driver commits nothing yet) or while an upgrade is in
 flight (``status.upgrade``: the lifecycle handlers own the driver then).
@@ -19,7 +22,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -28,7 +31,8 @@ from eop_operator import API_VERSION, GROUP, KIND, PLURAL, VERSION, metrics
 from eop_operator.api.load import InvalidPipeline, load_pipeline
 from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.api.resolve import IdentityChanged, resolve_identity
-from eop_operator.health.progress import ProgressUnavailable, observe_progress
+from eop_operator.health.keep_alive import RefreshSchedule, keep_progress_alive
+from eop_operator.health.progress import ProgressUnavailable, kafka_access, observe_progress
 from eop_operator.health.stall import Health, ProgressHistory, assess, observe
 from eop_operator.kube.client import KubeClient, KubeError
 from eop_operator.kube.events import post_event
@@ -93,6 +97,8 @@ class ProgressWatch:
     history: ProgressHistory | None = None
     #: When the daemon last restarted the driver (epoch seconds).
     restarted_at: float | None = None
+    #: The progress group's refreshes while suspended (see health.keep_alive).
+    refresh: RefreshSchedule = field(default_factory=RefreshSchedule)
 
 
 async def _patch_status(client: KubeClient, pipeline: ExactlyOncePipeline, status: Any) -> None:
@@ -179,7 +185,10 @@ async def _watch_once(
     except InvalidPipeline:
         await stopped.wait(INVALID_RETRY_S)
         return
-    if not pipeline.spec.suspend and not body.metadata.get("deletionTimestamp"):
+    interval = duration_ms(pipeline.spec.health.check_interval) / 1000
+    deleting = bool(body.metadata.get("deletionTimestamp"))
+    if not pipeline.spec.suspend and not deleting:
+        watch.refresh = RefreshSchedule()  # a runner keeps G alive; a new suspension starts over
         try:
             await check_progress(memo.client, body, pipeline, watch)
         except (KubeError, OSError) as exc:
@@ -187,4 +196,31 @@ async def _watch_once(
     else:
         # A resumed pipeline gets a fresh window.
         watch.history, watch.restarted_at = None, None
-    await stopped.wait(duration_ms(pipeline.spec.health.check_interval) / 1000)
+        if not deleting:
+            try:
+                await keep_suspended_alive(memo.client, pipeline, watch)
+            except (KubeError, OSError) as exc:
+                log.warning("keeping %s's progress failed: %s", pipeline.pipeline_id, exc)
+            interval = min(interval, watch.refresh.interval_s or interval)
+    await stopped.wait(interval)
+
+
+async def keep_suspended_alive(
+    client: KubeClient, pipeline: ExactlyOncePipeline, watch: ProgressWatch
+) -> None:
+    """Refresh a suspended pipeline's progress group when due, if no driver pod exists.
+
+    A failure is written to ``status.progress.message`` and tried again at the next check.
+    """
+    meta = pipeline.metadata
+    if await client.get("v1", "Pod", meta.namespace, driver_pod_name(pipeline)) is not None:
+        return  # still stopping: its runner may commit; try at the next check
+    try:
+        access = await kafka_access(client, pipeline)
+        await keep_progress_alive(access, pipeline, watch.refresh)
+    except (ProgressUnavailable, IdentityChanged) as exc:
+        await _patch_status(
+            client,
+            pipeline,
+            {"progress": {"message": f"suspended: {exc}", "checkedAt": _stamp(time.time())}},
+        )

@@ -11,6 +11,11 @@ Exit codes of ``python -m eop_spark run`` (and of :func:`eop_spark.runner.run`):
       jars missing.  Restarting later may help.
 4     the pipeline failed while running: a Kafka or Spark error, fenced by
       another runner, progress group inconsistent with the checkpoint.
+5     progress missing: a new checkpoint generation found no progress in G for
+      partitions the pipeline committed before (expired or deleted offsets);
+      starting them from ``startingOffsets`` would repeat or skip output.
+6     state would restart empty: a new checkpoint generation of a stateful
+      query while G holds progress; its state (open windows, counts) is gone.
 ====  =====================================================================
 
 Every failure is reported as ONE line, ``eop: error: <message>``, on stderr and
@@ -27,6 +32,8 @@ EXIT_UNEXPECTED = 1
 EXIT_CONFIG = 2
 EXIT_ENVIRONMENT = 3
 EXIT_RUNTIME = 4
+EXIT_PROGRESS_MISSING = 5
+EXIT_STATE_LOST = 6
 
 
 class EopError(Exception):
@@ -75,6 +82,18 @@ class TransactionTimedOut(SinkRetryable):
 
 class ProgressConflict(PipelineFailed):
     """The progress group disagrees with the checkpoint in a way that would duplicate output."""
+
+
+class ProgressMissing(EopError):
+    """A new generation found no progress for partitions the pipeline committed before."""
+
+    exit_code = EXIT_PROGRESS_MISSING
+
+
+class StateLost(EopError):
+    """A new generation of a stateful query would restart its state empty."""
+
+    exit_code = EXIT_STATE_LOST
 
 
 def one_line(text: str, limit: int = 600) -> str:
@@ -132,6 +151,8 @@ _ERRORS_BY_NAME: dict[str, type[EopError]] = {
         ProducerFenced,
         TransactionTimedOut,
         ProgressConflict,
+        ProgressMissing,
+        StateLost,
     )
 }
 

@@ -19,6 +19,7 @@ Exit codes are documented in :mod:`eop_spark.errors`.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import functools
 import logging
@@ -28,7 +29,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -38,8 +39,11 @@ from eop_spark.batch_log import BatchResult, configure_logging, log_batch
 from eop_spark.client_config import sink_java_config, source_client_config, without_java_only
 from eop_spark.config import RunConfig
 from eop_spark.errors import EXIT_OK, ConfigError, EopError, PipelineFailed, from_failure
+from eop_spark.generations import check_state_kept
 from eop_spark.jars import connector_jars
+from eop_spark.keep_alive import KeepAlive, refresh_each_partition
 from eop_spark.metrics import Counters, serve_metrics
+from eop_spark.offsets import Offsets, TopicPartition
 from eop_spark.offsets_log import HadoopFiles, LocalFiles, OffsetsLog, is_local
 from eop_spark.plan import ModeChoice, choose_mode, logical_blockers, physical_blockers
 from eop_spark.progress import ProgressGroup
@@ -87,9 +91,10 @@ class BatchGate:
         self.sink = sink
         self.counters = counters
         self._confirm_plan = confirm_plan
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._stopping = False
         self._in_flight = False
+        self._held = False  # by between_batches: no batch may start
         self.idle = threading.Event()
         self.results: dict[int, BatchResult] = {}
         self.failure: EopError | None = None
@@ -97,6 +102,7 @@ class BatchGate:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """The ``foreachBatch`` function."""
         with self._lock:
+            self._lock.wait_for(lambda: not self._held)
             if self._stopping:
                 raise StopRequested(f"stopping: batch {batch_id} is left for the next run")
             self._in_flight = True
@@ -115,8 +121,22 @@ class BatchGate:
         finally:
             with self._lock:
                 self._in_flight = False
+                self._lock.notify_all()
                 if self._stopping:
                     self.idle.set()
+
+    @contextlib.contextmanager
+    def between_batches(self) -> Iterator[None]:
+        """Wait until no batch is in flight, and let none start until the block ends."""
+        with self._lock:
+            self._lock.wait_for(lambda: not self._in_flight and not self._held)
+            self._held = True
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held = False
+                self._lock.notify_all()
 
     def close(self) -> None:
         """Let no new batch start; :attr:`idle` is set once none is in flight."""
@@ -228,7 +248,36 @@ class PipelineRun:
             query, gate = self.start_query(
                 spark, partitions, sink_conf, progress=progress, taken=taken
             )
-        return self.supervise(query, gate)
+        keep_alive = self.keep_alive(gate, sink_conf, progress, partitions)
+        keep_alive.start()
+        try:
+            return self.supervise(query, gate)
+        finally:
+            keep_alive.stop()
+
+    def keep_alive(
+        self,
+        gate: BatchGate,
+        sink_conf: dict[str, str],
+        progress: ProgressGroup,
+        partitions: list[TopicPartition],
+    ) -> KeepAlive:
+        """The thread that keeps G's offsets from expiring while this run is idle.
+
+        Between batches, in the commit mode the sink uses at that moment (the
+        first batch may switch it): the coordinated sink re-commits under its
+        own producer; the partitioned mode re-commits each partition under that
+        partition's id (see :mod:`eop_spark.keep_alive`).
+        """
+        settings = self.sink_settings(sink_conf, progress)
+
+        def refresh() -> Offsets:
+            sink = gate.sink
+            if isinstance(sink, CoordinatedSink):
+                return sink.refresh_progress(partitions)
+            return refresh_each_partition(settings, progress, partitions)
+
+        return KeepAlive(sink_conf, gate.between_batches, refresh)
 
     def _warm_up(self, spark: SparkSession) -> None:
         try:
@@ -269,10 +318,13 @@ class PipelineRun:
         reset_for_stateless_generation(config, offsets_log, partitions, sink_conf)
         run = uuid.uuid4().hex
         jvm = self.jvm_tasks(spark, settings, run, partitions)
-        starting, why = resolve_starting_offsets(config, offsets_log, progress, partitions)
-        log.info("%s", why)
-        transformed = apply_transform(spark, read_kafka(spark, config, starting), config.transform)
-        choice = self.choose(transformed)
+        start = resolve_starting_offsets(config, offsets_log, progress, partitions)
+        log.info("%s", start.why)
+        df = read_kafka(spark, config, start.offsets)
+        transformed = apply_transform(spark, df, config.transform)
+        analyzed = str(transformed.df._jdf.queryExecution().analyzed().toString())
+        check_state_kept(config, analyzed, start.resumes_progress)
+        choice = self.choose(transformed, analyzed)
         log.info("commit mode %s: %s", choice.mode.value, choice.reason)
 
         coordinated = CoordinatedSink(settings, offsets_log, transformed.layout, progress)
@@ -286,7 +338,7 @@ class PipelineRun:
             if (bounded := bounded_batches(config)) is not config:  # a batch is a transaction
                 bound = bounded.source.kafka.max_offsets_per_trigger
                 log.info("batches read at most %s records (sink.kafka.transactionTimeout)", bound)
-                df = read_kafka(spark, bounded, starting)
+                df = read_kafka(spark, bounded, start.offsets)
                 transformed = apply_transform(spark, df, config.transform)
         started: list[StreamingQuery] = []
         ready = threading.Event()
@@ -348,9 +400,8 @@ class PipelineRun:
             return writer.trigger(availableNow=True)
         return writer.trigger(processingTime=f"{config.trigger.interval_ms()} milliseconds")
 
-    def choose(self, transformed: Transformed) -> ModeChoice:
-        """The commit mode for this query (see :func:`eop_spark.plan.choose_mode`)."""
-        analyzed = str(transformed.df._jdf.queryExecution().analyzed().toString())
+    def choose(self, transformed: Transformed, analyzed: str) -> ModeChoice:
+        """The commit mode for the query with the analysed plan ``analyzed`` (``choose_mode``)."""
         return choose_mode(
             self.config.sink.kafka.commit_mode,
             logical_blockers(analyzed),

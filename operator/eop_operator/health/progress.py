@@ -132,19 +132,14 @@ def start_positions(
     return result
 
 
-def read_offsets(
+def read_watermarks(
     access: KafkaAccess,
     pipeline: ExactlyOncePipeline,
     group: str,
     *,
     timeout: float = DEFAULT_TIMEOUT_S,
-) -> tuple[PartitionOffsets, ...]:
-    """G's committed offsets and the source's end offsets, per source partition (blocking).
-
-    End offsets are last stable offsets (``read_committed``): input the
-    pipeline can read, as ``kafka-consumer-groups`` shows when no input
-    transaction is open.
-    """
+) -> dict[TopicPartition, tuple[int, int]]:
+    """The source partitions of ``pipeline`` and their (low, last stable) offsets (blocking)."""
     from confluent_kafka import Consumer, KafkaException
     from confluent_kafka import TopicPartition as KafkaTopicPartition
 
@@ -164,12 +159,11 @@ def read_offsets(
     try:
         metadata = consumer.list_topics(timeout=timeout)
         topics = {name: list(t.partitions) for name, t in metadata.topics.items() if not t.error}
-        partitions = source_partitions(topics, source)
-        watermarks = {
+        return {
             (t, p): consumer.get_watermark_offsets(
                 KafkaTopicPartition(t, p), timeout=timeout, cached=False
             )
-            for t, p in partitions
+            for t, p in source_partitions(topics, source)
         }
     except KafkaException as exc:
         raise ProgressUnavailable(
@@ -177,6 +171,26 @@ def read_offsets(
         ) from None
     finally:
         consumer.close()
+
+
+def read_offsets(
+    access: KafkaAccess,
+    pipeline: ExactlyOncePipeline,
+    group: str,
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> tuple[PartitionOffsets, ...]:
+    """G's committed offsets and the source's end offsets, per source partition (blocking).
+
+    End offsets are last stable offsets (``read_committed``): input the
+    pipeline can read, as ``kafka-consumer-groups`` shows when no input
+    transaction is open.
+    """
+    from confluent_kafka import KafkaException
+
+    source = pipeline.spec.source.kafka
+    watermarks = read_watermarks(access, pipeline, group, timeout=timeout)
+    partitions = list(watermarks)
     try:
         progress = ProgressGroup(group, access.sink)
     except KafkaException as exc:

@@ -1,0 +1,112 @@
+"""Keep a suspended pipeline's progress from expiring (invariant 6).
+
+While a pipeline is suspended no runner commits to its progress group ``G``,
+and Kafka expires each offset of a member-less group
+``offsets.retention.minutes`` after its last commit.  The operator's health
+daemon re-commits ``G`` then, as the runner does between batches (see
+:mod:`eop_spark.keep_alive`): well within the retention the sink cluster's
+brokers report, the same offsets and commit metadata, inside a transaction.
+
+Why it is safe (docs/exactly-once.md, "Failure modes and their guards"):
+
+* it runs only while the spec says suspended AND no driver pod exists;
+* its producer takes ``<prefix>.driver`` and then initialises every partition
+  id before it reads ``G``: a zombie runner of either commit mode is fenced
+  and its open transaction aborted, so the stable read sees settled offsets;
+* a runner that comes back (resume, or any new driver) initialises every id
+  of the pipeline before it reads ``G``, the driver id included: the
+  operator's producer is fenced before the runner reads anything, and a
+  refresh that did commit before wrote what ``G`` already held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from eop_operator.api.models import ExactlyOncePipeline
+from eop_operator.api.resolve import resolve_identity
+from eop_operator.health.progress import (
+    DEFAULT_TIMEOUT_S,
+    KafkaAccess,
+    ProgressUnavailable,
+    read_watermarks,
+)
+from eop_spark.errors import EopError
+from eop_spark.keep_alive import offsets_retention_ms, refresh_interval_s, refresh_with_driver_id
+from eop_spark.offsets import Offsets
+from eop_spark.progress import ProgressGroup
+from eop_spark.sink_settings import SinkSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RefreshSchedule:
+    """When a suspended pipeline's progress was last refreshed, and how often it must be."""
+
+    interval_s: float | None = None
+    refreshed_at: float | None = None
+
+    def due(self, now: float) -> bool:
+        """Whether a refresh is due (the first one is due at once)."""
+        return (
+            self.refreshed_at is None
+            or self.interval_s is None
+            or now - self.refreshed_at >= self.interval_s
+        )
+
+
+def refresh_suspended_progress(
+    access: KafkaAccess, pipeline: ExactlyOncePipeline, *, timeout: float = DEFAULT_TIMEOUT_S
+) -> Offsets:
+    """Re-commit the progress group of ``pipeline`` (blocking); return what was re-committed.
+
+    Call it only while no driver of the pipeline runs (see the module docstring).
+    Raises :class:`ProgressUnavailable` with a message safe for the status.
+    """
+    identity = resolve_identity(pipeline)
+    group = identity.progress_group
+    partitions = list(read_watermarks(access, pipeline, group, timeout=timeout))
+    try:
+        progress = ProgressGroup(group, access.sink)
+        try:
+            settings = SinkSettings(
+                topic=pipeline.spec.sink.kafka.topic,
+                client_config=access.sink,
+                transactional_id_prefix=identity.transactional_id_prefix,
+                transaction_timeout=pipeline.spec.sink.kafka.transaction_timeout,
+                group=group,
+                group_metadata=progress.group_metadata(),
+            )
+            return refresh_with_driver_id(settings, progress, partitions)
+        finally:
+            progress.close()
+    except EopError as exc:
+        raise ProgressUnavailable(access.redact(exc.message)) from None
+    except Exception as exc:  # confluent-kafka's KafkaException, or a client setting refused
+        raise ProgressUnavailable(access.redact(f"cannot refresh {group}: {exc}")) from None
+
+
+async def keep_progress_alive(
+    access: KafkaAccess, pipeline: ExactlyOncePipeline, schedule: RefreshSchedule
+) -> Offsets | None:
+    """Refresh ``pipeline``'s progress group when ``schedule`` says so; None when not due.
+
+    The sink cluster's retention is asked once per schedule (the first time).
+    """
+    if schedule.interval_s is None:
+        retention = await asyncio.to_thread(offsets_retention_ms, access.sink)
+        schedule.interval_s = refresh_interval_s(retention)
+    if not schedule.due(time.time()):
+        return None
+    refreshed = await asyncio.to_thread(refresh_suspended_progress, access, pipeline)
+    schedule.refreshed_at = time.time()
+    log.info(
+        "suspended pipeline %s: progress of %d partitions refreshed",
+        pipeline.pipeline_id,
+        len(refreshed),
+    )
+    return refreshed

@@ -1,0 +1,142 @@
+"""What a new checkpoint generation must not forget: progress, and state.
+
+A new generation (``<root>/gen-<k>`` with no batch yet) starts Spark from the
+progress group ``G``.  Two things can make that start wrong without any error
+from Kafka or Spark, and this module turns both into a stop with one line:
+
+* **Progress missing** (invariant 7): an earlier generation read input from a
+  partition (so its sink committed that partition to ``G``), but ``G`` has no
+  offset for it now: expired after ``offsets.retention.minutes`` or deleted by
+  hand.  Starting it at ``startingOffsets`` would repeat (earliest) or skip
+  (latest) output.  The record of "committed before" is the earlier
+  generations' offsets logs under the checkpoint root: a completed batch whose
+  end offset for a partition is past where that generation started it.
+* **State lost** (invariant 8): a stateful query (aggregation, time window,
+  deduplication, stream-stream join) that starts a new generation while ``G``
+  holds progress resumes input from ``G`` with empty state: windows open at
+  that point would be published incomplete.
+
+Each check has an opt-in in the spec (``source.kafka.allowMissingProgress``,
+``transform.allowEmptyState``); a ``stateless`` generation resets ``G`` on
+purpose and is never refused.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from eop_spark.config import RunConfig
+from eop_spark.errors import ProgressMissing, StateLost
+from eop_spark.offsets import Offsets, TopicPartition, to_spark_json
+from eop_spark.offsets_log import CheckpointFormatError, FileReader, OffsetsLog
+from eop_spark.plan import plan_nodes
+
+_GENERATION = re.compile(r"^gen-(\d+)$")
+#: Logical operators that keep state across micro-batches in a streaming query.
+_STATEFUL = re.compile(r"Aggregate|Deduplicate|GroupsWithState|TransformWithState")
+#: How a streaming source appears in an analysed plan (a join of two keeps state).
+_STREAMING_SOURCE = re.compile(r"^Streaming(Relation|ExecutionRelation|DataSourceV2)")
+
+
+@dataclass(frozen=True)
+class EarlierProgress:
+    """Per partition, the furthest end offset an earlier generation's completed batch read to."""
+
+    offsets: Offsets
+    #: The generation that reached each offset.
+    generation: dict[TopicPartition, int]
+
+
+def earlier_generations(root: str, files: FileReader, generation: int) -> list[int]:
+    """The generations below ``generation`` that have a directory under ``root``, ascending."""
+    found = (_GENERATION.match(name) for name in files.list_names(root.rstrip("/")))
+    return sorted(k for m in found if m is not None and (k := int(m.group(1))) < generation)
+
+
+def earlier_progress(root: str, files: FileReader, generation: int) -> EarlierProgress:
+    """What earlier generations under ``root`` committed to G (see the module docstring).
+
+    Per generation, the last completed batch (``commits/N``) against the
+    generation's initial offsets: a partition whose end is past its start was
+    read, so its output and its offset in G were committed.  Unreadable
+    checkpoints are skipped: they can only make the record smaller.
+    """
+    offsets: Offsets = {}
+    by: dict[TopicPartition, int] = {}
+    for k in earlier_generations(root, files, generation):
+        log = OffsetsLog(f"{root.rstrip('/')}/gen-{k}", files)
+        try:
+            completed = log.committed_batches()
+            if not completed:
+                continue
+            end = log.end_offsets(completed[-1])
+            start = log.start_offsets(0)
+        except CheckpointFormatError:
+            continue
+        for tp, offset in end.items():
+            if offset > max(start.get(tp, 0), 0) and offset >= offsets.get(tp, -1):
+                offsets[tp], by[tp] = offset, k
+    return EarlierProgress(offsets, by)
+
+
+def check_progress_kept(
+    config: RunConfig,
+    earlier: EarlierProgress,
+    committed: Mapping[TopicPartition, int],
+    partitions: Iterable[TopicPartition],
+) -> Offsets:
+    """Raise :class:`ProgressMissing` unless G holds every partition an earlier generation read.
+
+    Returns the missing partitions with the offsets earlier generations reached
+    (empty when nothing is missing, or when the spec opts in to start them at
+    ``startingOffsets``).
+    """
+    current = set(partitions)
+    missing = {
+        tp: offset
+        for tp, offset in sorted(earlier.offsets.items())
+        if tp in current and tp not in committed
+    }
+    if not missing or config.source.kafka.allow_missing_progress:
+        return missing
+    names = ", ".join(f"{t}-{p}" for t, p in missing)
+    generations = ", ".join(f"gen-{k}" for k in sorted({earlier.generation[tp] for tp in missing}))
+    raise ProgressMissing(
+        f"new checkpoint generation {config.generation}: progress group {config.progress_group} "
+        f"has no committed offset for {names}, which {generations} committed before (expired "
+        "after the broker's offsets.retention.minutes, or deleted); starting at startingOffsets "
+        "would repeat or skip output. Restore the offsets (kafka-consumer-groups --reset-offsets "
+        f"--group {config.progress_group}; {generations} had read to {to_spark_json(missing)}) "
+        "or set spec.source.kafka.allowMissingProgress: true to start them at startingOffsets"
+    )
+
+
+def stateful_operators(analyzed_plan: str) -> list[str]:
+    """The operators of an analysed streaming plan that keep state between micro-batches.
+
+    A join keeps state only between two streams (a stream-static join keeps none).
+    """
+    nodes = plan_nodes(analyzed_plan)
+    found = [n for n in nodes if _STATEFUL.search(n)]
+    if "Join" in nodes and sum(bool(_STREAMING_SOURCE.match(n)) for n in nodes) >= 2:
+        found.append("Join")
+    return list(dict.fromkeys(found))
+
+
+def check_state_kept(config: RunConfig, analyzed_plan: str, resumes_progress: bool) -> None:
+    """Raise :class:`StateLost` when a stateful query would resume G with empty state."""
+    if not resumes_progress or config.reset_progress or config.transform.allow_empty_state:
+        return
+    operators = stateful_operators(analyzed_plan)
+    if not operators:
+        return
+    raise StateLost(
+        f"new checkpoint generation {config.generation} of a stateful query "
+        f"({', '.join(operators)}): the input before progress group {config.progress_group}'s "
+        "offsets is not read again, so its state (open windows, counts, seen keys) would restart "
+        "empty and results would be incomplete. Choose an upgrade with mode stateless (reprocess "
+        "from startingOffsets) or set spec.transform.allowEmptyState: true to restart with "
+        "empty state"
+    )

@@ -1,0 +1,132 @@
+"""What a new generation checks before it starts: earlier progress, stateful operators (pure)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eop_spark.config import RunConfig
+from eop_spark.errors import ProgressMissing, StateLost
+from eop_spark.generations import (
+    check_progress_kept,
+    check_state_kept,
+    earlier_progress,
+    stateful_operators,
+)
+from eop_spark.keep_alive import FALLBACK_INTERVAL_S, refresh_interval_s
+from eop_spark.offsets_log import LocalFiles
+
+METADATA = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": 1, "conf": {}})
+
+
+def generation(root: Path, k: int, initial: str, batches: list[str], completed: int) -> None:
+    """A checkpoint ``gen-<k>`` with ``batches`` planned and the first ``completed`` done."""
+    gen = root / f"gen-{k}"
+    (gen / "offsets").mkdir(parents=True)
+    (gen / "commits").mkdir()
+    (gen / "sources" / "0").mkdir(parents=True)
+    (gen / "sources" / "0" / "0").write_text(f"\x00v1\n{initial}")
+    for n, line in enumerate(batches):
+        (gen / "offsets" / str(n)).write_text(f"v1\n{METADATA}\n{line}")
+    for n in range(completed):
+        (gen / "commits" / str(n)).write_text("v1\n{}")
+
+
+def config(root: Path, k: int, **spec: Any) -> RunConfig:
+    return RunConfig.model_validate(
+        {
+            "pipeline": "ns.p",
+            "source": {"kafka": {"bootstrapServers": "b:9092", "topics": ["in"]} | spec},
+            "transform": {"sql": "SELECT value FROM source"},
+            "sink": {"kafka": {"bootstrapServers": "b:9092", "topic": "out"}},
+            "transactionalIdPrefix": "eop.ns.p",
+            "progressGroup": "eop.ns.p",
+            "checkpointRoot": str(root),
+            "generation": k,
+        }
+    )
+
+
+def test_earlier_progress_counts_partitions_a_completed_batch_read(tmp_path: Path) -> None:
+    # gen-0 read partition 0 only (1 stayed at its start); its batch 1 never completed.
+    generation(
+        tmp_path, 0, '{"in":{"0":0,"1":5}}', ['{"in":{"0":4,"1":5}}', '{"in":{"0":9,"1":9}}'], 1
+    )
+    # gen-1 read both; gen-3 is the current one and does not count, nor do foreign dirs.
+    generation(tmp_path, 1, '{"in":{"0":4,"1":5}}', ['{"in":{"0":6,"1":7}}'], 1)
+    generation(tmp_path, 3, '{"in":{"0":0,"1":0}}', ['{"in":{"0":50,"1":50}}'], 1)
+    (tmp_path / "gen-x").mkdir()
+    earlier = earlier_progress(str(tmp_path), LocalFiles(), 3)
+    assert earlier.offsets == {("in", 0): 6, ("in", 1): 7}
+    assert earlier.generation == {("in", 0): 1, ("in", 1): 1}
+    assert earlier_progress(str(tmp_path), LocalFiles(), 1).offsets == {("in", 0): 4}
+    assert earlier_progress(str(tmp_path / "none"), LocalFiles(), 1).offsets == {}
+
+
+def test_missing_progress_names_the_partitions_and_the_way_out(tmp_path: Path) -> None:
+    generation(tmp_path, 0, '{"in":{"0":0,"1":0}}', ['{"in":{"0":4,"1":5}}'], 1)
+    earlier = earlier_progress(str(tmp_path), LocalFiles(), 1)
+    partitions = [("in", 0), ("in", 1)]
+    with pytest.raises(ProgressMissing) as refused:
+        check_progress_kept(config(tmp_path, 1), earlier, {("in", 0): 4}, partitions)
+    message = refused.value.message
+    assert "in-1" in message and "in-0" not in message and "gen-0" in message
+    assert "allowMissingProgress" in message and "\n" not in message
+    assert (
+        check_progress_kept(config(tmp_path, 1), earlier, {("in", 0): 4, ("in", 1): 5}, partitions)
+        == {}
+    )
+    # Opted in: the missing ones start at startingOffsets; a partition no longer read is not asked.
+    opted = config(tmp_path, 1, allowMissingProgress=True)
+    assert check_progress_kept(opted, earlier, {}, partitions) == {("in", 0): 4, ("in", 1): 5}
+    assert check_progress_kept(config(tmp_path, 1), earlier, {("in", 0): 4}, [("in", 0)]) == {}
+
+
+WINDOWED = """\
+WriteToMicroBatchDataSourceV1 ForeachWriterTable
++- Project [cast(window#1.start as string) AS key#2]
+   +- Aggregate [window#1], [window#1, count(1) AS count#3L]
+      +- Project [named_struct(start, ...) AS window#1]
+         +- SubqueryAlias source
+            +- StreamingRelationV2 org.apache.spark.sql.kafka010.KafkaSourceProvider
+"""
+STREAM_STATIC_JOIN = """\
+Project [key#1, value#2]
++- Join Inner, (key#1 = k#3)
+   :- StreamingRelationV2 org.apache.spark.sql.kafka010.KafkaSourceProvider
+   +- LocalRelation [k#3]
+"""
+STREAM_STREAM_JOIN = STREAM_STATIC_JOIN.replace(
+    "+- LocalRelation [k#3]", "+- StreamingRelationV2 org.apache.spark.sql.kafka010.Kafka"
+)
+
+
+def test_stateful_operators_in_analysed_plans() -> None:
+    assert stateful_operators(WINDOWED) == ["Aggregate"]
+    assert stateful_operators(STREAM_STATIC_JOIN) == []
+    assert stateful_operators(STREAM_STREAM_JOIN) == ["Join"]
+    assert stateful_operators("Deduplicate [key#1]\n+- StreamingRelationV2 x") == ["Deduplicate"]
+
+
+def test_state_check_refuses_only_a_stateful_resume(tmp_path: Path) -> None:
+    cfg = config(tmp_path, 2)
+    with pytest.raises(StateLost, match=r"stateless.*allowEmptyState"):
+        check_state_kept(cfg, WINDOWED, resumes_progress=True)
+    check_state_kept(cfg, WINDOWED, resumes_progress=False)  # a first run: G is empty
+    check_state_kept(cfg, STREAM_STATIC_JOIN, resumes_progress=True)
+    check_state_kept(
+        cfg.model_copy(update={"reset_progress": True}), WINDOWED, resumes_progress=True
+    )
+    opted = cfg.model_copy(
+        update={"transform": cfg.transform.model_copy(update={"allow_empty_state": True})}
+    )
+    check_state_kept(opted, WINDOWED, resumes_progress=True)
+
+
+def test_refresh_interval_is_a_quarter_of_the_broker_retention() -> None:
+    assert refresh_interval_s(60_000) == 15.0
+    assert refresh_interval_s(7 * 24 * 3600 * 1000) == 42 * 3600
+    assert refresh_interval_s(None) == FALLBACK_INTERVAL_S
