@@ -138,3 +138,13 @@ def test_pods_are_read_from_the_api_objects() -> None:
     }
     state = DriverState.from_objects(sts, [pod], departed=[pod])
     assert state.template_hash == "h" and state.departed == ()  # still listed: not departed
+
+
+def test_a_new_generation_the_runner_refuses_stops_for_good() -> None:
+    """Exits 5 and 6 (progress missing, state that would be lost) need a spec change."""
+    missing = "eop: error: [Failed] no progress in eop.ns.p for impressions-raw[2]: set ..."
+    for code in (5, 6):
+        reason, message = classify(Termination(code, missing))
+        assert reason is FailureReason.CONFIG_ERROR
+        assert message.startswith("no progress in eop.ns.p for impressions-raw[2]")
+    assert classify(Termination(4, missing))[0] is FailureReason.FAILED

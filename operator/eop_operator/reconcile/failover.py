@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from eop_operator.api.models import FailoverSpec, FailoverStatus
 from eop_operator.reconcile.observe import PodObservation, Termination
-from eop_spark.errors import EXIT_CONFIG
+from eop_spark.errors import EXIT_CONFIG, EXIT_PROGRESS_MISSING, EXIT_STATE_LOST
 from eop_spark.reasons import FailureReason, parse_failure_line
 from eop_spark.spec import duration_ms
 
@@ -41,11 +41,16 @@ def parse_stamp(text: str) -> datetime.datetime:
     return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
 
 
+#: Exit codes of a runner that stopped for good: its configuration must change first (a
+#: new generation without the progress it needs, or one that would lose a query's state).
+STOPPED_FOR_GOOD = frozenset({EXIT_CONFIG, EXIT_PROGRESS_MISSING, EXIT_STATE_LOST})
+
+
 def classify(termination: Termination) -> tuple[FailureReason, str]:
     """The reason and message of a driver termination."""
     reason, message = parse_failure_line(termination.message)
-    if reason is None:
-        reason = FailureReason.CONFIG_ERROR if termination.exit_code == EXIT_CONFIG else None
+    if reason in (None, FailureReason.FAILED) and termination.exit_code in STOPPED_FOR_GOOD:
+        reason = FailureReason.CONFIG_ERROR
     return reason or FailureReason.FAILED, message
 
 
