@@ -56,7 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _config_error(f"cannot read run config {args.config}: {exc.strerror or exc}")
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()
+            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: "
+            f"{e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
         )
         return _config_error(f"invalid run config {args.config}: {problems}")
 

@@ -64,6 +64,10 @@ def api_reference() -> str:
         "Every rule below is enforced by the API server (`kubectl apply` fails with the",
         "message) and by `eop run` / `eop render` on a laptop.",
         "",
+        "## metadata",
+        "",
+        *(f"- {rule['message']}" for rule in schema["x-kubernetes-validations"]),
+        "",
     ]
     for section in ("spec", "status"):
         lines += [
