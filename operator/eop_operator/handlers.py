@@ -30,6 +30,7 @@ from eop_operator.reconcile.admission import (
     IdentityTaken,
     claimed_identities,
     identity_conflict,
+    shipped_transform_problem,
 )
 from eop_operator.reconcile.status import DriverObservation, judge, ready_column, status_patch
 from eop_operator.render import MissingImage, RenderedPipeline, render_pipeline
@@ -179,8 +180,11 @@ def pipeline_identities(body: kopf.Body, **_: Any) -> dict[str, list[Claimant]]:
     return claimed_identities(plain(body))
 
 
-def _check_identity(pipeline: ExactlyOncePipeline, held: kopf.Index[str, list[Claimant]]) -> None:
-    """Raise IdentityTaken when an older pipeline holds this one's Kafka identity."""
+def _admit(pipeline: ExactlyOncePipeline, held: kopf.Index[str, list[Claimant]]) -> None:
+    """Refuse what only the operator can check: a missing shipped transform, a taken identity."""
+    problem = shipped_transform_problem(pipeline)
+    if problem is not None:
+        raise InvalidPipeline(problem)
     identity = resolve_identity(pipeline)
     meta = pipeline.metadata
     me = Claimant(meta.creation_timestamp or "", meta.namespace, meta.name)
@@ -195,12 +199,12 @@ def _renderer(
 ) -> Renderer:
     """Render with the operator's default image and the pipeline's metrics host port.
 
-    A pipeline whose Kafka identity an older pipeline holds is refused (IdentityTaken)
-    before anything is rendered, so nothing is created or changed for it.
+    What only the operator can check (see ``_admit``) is refused before anything is
+    rendered, so nothing is created or changed for such a pipeline.
     """
 
     def render(pipeline: ExactlyOncePipeline, generation: int, reset: bool) -> RenderedPipeline:
-        _check_identity(pipeline, identities)
+        _admit(pipeline, identities)
         check_pod_policy(pipeline, OPTIONS.pod_policy)  # an InvalidPipeline: no driver
         port = None
         if pipeline.spec.driver.host_network:

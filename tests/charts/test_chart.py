@@ -241,6 +241,26 @@ def test_pipeline_policy_values_allow_node_access(helm: Helm) -> None:
         assert not any(v for k, v in args.items() if k.startswith("allow_") and k != flag)
 
 
+@pytest.mark.kube
+def test_the_local_clusters_values_run_host_network_pipelines(helm: Helm, tmp_path: Path) -> None:
+    """The devenv cluster has no pod network: `make demo` and tests/e2e install these values."""
+    from types import SimpleNamespace
+
+    from demo.run import Images, operator_values
+
+    cluster = SimpleNamespace(apiserver_port=6443)  # the only thing the values read from it
+    values = operator_values(
+        cluster, Images("localhost/eop-operator:t", "localhost/eop-spark:t"), ["ads"]
+    )  # type: ignore[arg-type]
+    (tmp_path / "values.json").write_text(json.dumps(values))
+    result = helm.run("template", "eop", str(CHART), "-f", str(tmp_path / "values.json"))
+    assert result.returncode == 0, result.stderr
+    objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    (container,) = deployment(objects)["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(container["args"])
+    assert args.allow_host_network and args.namespace == ["ads"]
+
+
 # --- RBAC ----------------------------------------------------------------------------------------
 
 

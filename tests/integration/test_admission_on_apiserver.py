@@ -137,3 +137,17 @@ def test_deleting_a_pipeline_whose_spec_became_invalid_keeps_its_retained_checkp
     assert claim is not None, "the retained checkpoint claim was deleted"
     assert not claim["metadata"].get("ownerReferences")
     assert claim["metadata"].get("deletionTimestamp") is None
+
+
+def test_a_shipped_transform_function_that_does_not_exist_gets_no_driver(
+    control_plane: ControlPlane, operator: Path, kube_namespace: str
+) -> None:
+    cp, ns = control_plane, kube_namespace
+    python = {"module": "eop_spark.examples.impressions", "function": "count_impresions"}
+    _apply(cp, ns, "typo", transform={"python": python})
+    status = wait_for(
+        lambda: (s := _status(cp, "typo", ns)).get("phase") == "Invalid" and s, "phase Invalid"
+    )
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert "transform.python.function 'count_impresions' is not defined" in degraded["message"]
+    assert _get(cp, "statefulset", "typo-driver", ns) is None

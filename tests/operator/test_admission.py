@@ -12,6 +12,7 @@ from eop_operator.reconcile.admission import (
     claimed_identities,
     claimed_identity,
     identity_conflict,
+    shipped_transform_problem,
 )
 from eop_operator.render.naming import checkpoint_claim_name
 from tests.operator.conftest import BASE_MANIFEST
@@ -90,3 +91,25 @@ def test_deleting_keeps_the_claim_by_the_raw_spec_even_when_it_no_longer_validat
     assert checkpoint_on_delete(broken) == (None, False)
     broken["spec"] = "garbage"
     assert checkpoint_on_delete(broken) == ("clean-checkpoint", True)
+
+
+def test_a_shipped_transform_that_does_not_exist_is_named_before_a_driver_runs() -> None:
+    body = _pipeline("count", "2026-01-01T00:00:00Z")
+    python = {"module": "eop_spark.examples.impressions", "function": "count_impressions"}
+    body["spec"]["transform"] = {"python": python}
+    assert shipped_transform_problem(load_pipeline(body)) is None
+    python["function"] = "count_impresions"
+    assert shipped_transform_problem(load_pipeline(body)) == (
+        "transform.python.function 'count_impresions' is not defined in "
+        "eop_spark.examples.impressions"
+    )
+    python["module"] = "eop_spark.examples.impresions"
+    assert "transform.python.module 'eop_spark.examples.impresions' does not exist" in (
+        shipped_transform_problem(load_pipeline(body)) or ""
+    )
+    # A module of the user's own, or the user's own image: the runner's to check.
+    python["module"] = "acme.transforms"
+    assert shipped_transform_problem(load_pipeline(body)) is None
+    python["module"] = "eop_spark.examples.impresions"
+    body["spec"]["image"] = "registry.example/acme/spark:1"
+    assert shipped_transform_problem(load_pipeline(body)) is None

@@ -1,4 +1,7 @@
-"""Admission checks only the operator can make: one pipeline per Kafka identity.
+"""Admission checks only the operator can make, before anything is created for a pipeline.
+
+One pipeline per Kafka identity, and a Python transform of eop's own package
+that exists (:func:`shipped_transform_problem`).
 
 Two pipelines with one transactional id prefix fence each other forever (each
 ``init_transactions`` aborts the other's open transaction), and two with one
@@ -12,10 +15,14 @@ it goes away the younger one proceeds on its next look.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from eop_operator.api.load import InvalidPipeline
+from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.api.resolve import Identity
 from eop_spark.config import default_transactional_id_prefix, pipeline_id, progress_group
 
@@ -108,4 +115,48 @@ def identity_conflict(
                 "with one Kafka identity fence each other; give this one its own "
                 "transactions.idPrefix (nothing is created for it until then)"
             )
+    return None
+
+
+#: The package whose modules the default image and the operator share (one build, one version).
+SHIPPED_PACKAGE = "eop_spark"
+
+
+def _top_level_names(source: str) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def shipped_transform_problem(pipeline: ExactlyOncePipeline) -> str | None:
+    """Why a ``transform.python`` of eop's own package cannot run in the default image.
+
+    The operator ships the same ``eop_spark`` as the default image, so a module
+    under it (``eop_spark.examples...``) that does not exist, or lacks the
+    function, is refused before a driver starts.  The module is read, never
+    imported (it imports pyspark).  Other modules, or a pipeline with its own
+    ``image``, are the runner's to check.
+    """
+    python = pipeline.spec.transform.python
+    if python is None or pipeline.spec.image is not None:
+        return None
+    module = python.module
+    if module.split(".")[0] != SHIPPED_PACKAGE:
+        return None
+    try:
+        found = importlib.util.find_spec(module)
+    except ImportError:
+        found = None
+    if found is None or found.origin is None or not found.origin.endswith(".py"):
+        return f"transform.python.module {module!r} does not exist in the default image"
+    if python.function not in _top_level_names(Path(found.origin).read_text()):
+        return f"transform.python.function {python.function!r} is not defined in {module}"
     return None
