@@ -272,7 +272,9 @@ def test_a_stalled_driver_is_restarted(
     topic = kafka_topic_factory(1)
     produce(kafka_broker, topic, {0: 5})  # input waits; nothing ever commits to G
     kafka_secret(cp, ns, name)
-    _apply(cp, ns, pipeline(name, kafka_broker, topic, checkInterval="1s", stallTimeout="4s"))
+    manifest = pipeline(name, kafka_broker, topic, checkInterval="1s", stallTimeout="4s")
+    manifest["spec"]["trigger"] = {"processingTime": "1s"}  # a stall timeout must outlast it
+    _apply(cp, ns, manifest)
     pod_name = f"{name}-driver-0"
     first = wait_for(lambda: pod(cp, ns, pod_name), "the driver pod")
     wait_for(lambda: status(cp, ns, name).get("lag") == 5, "the lag in status", timeout=60)
