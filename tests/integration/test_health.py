@@ -299,3 +299,56 @@ def test_a_stalled_driver_is_restarted(
     # The new pod is not Ready: no second restart.
     time.sleep(6)
     assert len(restart_events(cp, ns, name)) == 1
+
+
+#: The short-retention broker's ``offsets.retention.minutes``, in seconds.
+RETENTION_S = 60
+
+
+@pytest.fixture(scope="module")
+def short_retention_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A broker that expires a member-less group's offsets a minute after their last commit."""
+    overrides = {"offsets.retention.minutes": "1", "offsets.retention.check.interval.ms": "2000"}
+    with KafkaBroker(tmp_path_factory.mktemp("retention"), overrides=overrides) as broker:
+        yield broker
+
+
+def committed(broker: KafkaBroker, group: str, topic: str, partitions: int) -> dict[int, int]:
+    """``group``'s stable committed offsets of ``topic`` (partitions it has none for are absent)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        broker.client_config({"group.id": group, "isolation.level": "read_committed"})
+    )
+    try:
+        found = consumer.committed(
+            [TopicPartition(topic, p) for p in range(partitions)], timeout=30
+        )
+        return {tp.partition: tp.offset for tp in found if tp.offset >= 0}
+    finally:
+        consumer.close()
+
+
+def test_a_suspended_pipelines_progress_outlives_the_retention(
+    control_plane: ControlPlane,
+    kube_namespace: str,
+    short_retention_broker: KafkaBroker,
+    operator: OperatorProcess,
+) -> None:
+    """No driver runs, yet the operator keeps G: a pipeline may stay suspended for weeks."""
+    cp, ns, broker = control_plane, kube_namespace, short_retention_broker
+    name, topic, other = "resting", "in-resting", "in-unwatched"
+    broker.create_topic(topic, 2)
+    broker.create_topic(other, 1)
+    produce(broker, topic, {0: 5, 1: 3})
+    group = f"eop.{ns}.{name}"
+    commit(broker, group, topic, {0: 5, 1: 3})
+    commit(broker, "eop.unwatched", other, {0: 0})  # no pipeline: expires as Kafka says
+    kafka_secret(cp, ns, name)
+    manifest = pipeline(name, broker, topic, checkInterval="5s")
+    manifest["spec"]["suspend"] = True
+    _apply(cp, ns, manifest)
+
+    time.sleep(RETENTION_S + 25)
+    assert committed(broker, "eop.unwatched", other, 1) == {}  # the broker does expire
+    assert committed(broker, group, topic, 2) == {0: 5, 1: 3}
