@@ -30,6 +30,7 @@ from eop_operator.reconcile.admission import (
     IdentityTaken,
     claimed_identities,
     identity_conflict,
+    identity_keys,
     shipped_transform_problem,
 )
 from eop_operator.reconcile.status import DriverObservation, judge, ready_column, status_patch
@@ -188,7 +189,8 @@ def _admit(pipeline: ExactlyOncePipeline, held: kopf.Index[str, list[Claimant]])
     identity = resolve_identity(pipeline)
     meta = pipeline.metadata
     me = Claimant(meta.creation_timestamp or "", meta.namespace, meta.name)
-    holders = {key: [c for value in held[key] for c in value] for key in held}
+    keys = [key for key in identity_keys(identity) if key in held]  # not the whole index
+    holders = {key: [c for value in held[key] for c in value] for key in keys}
     conflict = identity_conflict(identity, me, holders)
     if conflict is not None:
         raise IdentityTaken(conflict)
