@@ -103,6 +103,20 @@ def is_driver_role(role: Manifest) -> bool:
     return name.endswith("-driver")
 
 
+def drivers_role(objects: list[Manifest]) -> Manifest:
+    """The drivers' role (one per served namespace, all alike; or one ClusterRole)."""
+    (first, *more) = [
+        o for o in objects if o["kind"] in ("Role", "ClusterRole") and is_driver_role(o)
+    ]
+    for other in more:
+        assert (other["kind"], other["metadata"]["name"], other["rules"]) == (
+            first["kind"],
+            first["metadata"]["name"],
+            first["rules"],
+        )
+    return first
+
+
 def pipeline_roles(objects: list[Manifest]) -> list[Manifest]:
     """The operator's per-namespace Roles (not its leases', not the drivers')."""
     return [
@@ -221,8 +235,7 @@ def test_args_are_understood_by_eop_operator(helm: Helm, values: tuple[str, ...]
     assert args.liveness == "http://0.0.0.0:8080/healthz"
     assert args.default_image == "localhost/eop-spark:0.1.0"
     # The drivers' role it binds is the one the chart creates, of the kind the mode needs.
-    (driver_role, *more) = [o for o in objects if is_driver_role(o)]
-    assert all(o["rules"] == driver_role["rules"] for o in more)
+    driver_role = drivers_role(objects)
     assert args.driver_role == DriverRole(driver_role["kind"], driver_role["metadata"]["name"])
     assert (args.all_namespaces, args.driver_role.kind) in [(True, "ClusterRole"), (False, "Role")]
     # Node access is refused unless the values allow it.
@@ -373,7 +386,7 @@ def test_rbac_reads_secrets_by_name_only_and_never_escalates(
     objects = render(helm, *values)
     rules = all_rules(objects)
     assert rules
-    (driver_role, *_) = [o for o in objects if is_driver_role(o)]
+    driver_role = drivers_role(objects)
     for rule in rules:
         assert "*" not in rule.get("apiGroups", []), rule
         assert "*" not in rule["resources"], rule
@@ -433,7 +446,7 @@ def test_rbac_covers_what_the_operator_renders_and_no_pod_rights(
         assert not missing, f"{obj['kind']}: the chart lacks {sorted(missing)}"
     # What drivers need is in their pre-made role, not with the operator: it cannot create pods
     # or roles, nor delete collections.
-    (driver_role, *_) = [o for o in objects if is_driver_role(o)]
+    driver_role = drivers_role(objects)
     assert driver_role["rules"] == DRIVER_RULES
     assert granted(rules, "", "pods") == {"get", "list", "watch", "delete"}
     for resource in ("roles", "clusterroles"):
