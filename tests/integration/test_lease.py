@@ -107,7 +107,7 @@ async def leader_and_standby(cp: ControlPlane, namespace: str) -> tuple[float, f
         gave_up = time.monotonic()
         await asyncio.wait_for(taking_over, 40)
         took_over = time.monotonic()
-        return leader._renewed_at, gave_up, took_over
+        return leader.renewed_at, gave_up, took_over
     finally:
         await proxy.stop()
         await slow.close()

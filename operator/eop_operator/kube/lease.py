@@ -118,6 +118,11 @@ class LeaderElector:
         #: Monotonic time at which the last successful acquire or renewal was sent.
         self._renewed_at = 0.0
 
+    @property
+    def renewed_at(self) -> float:
+        """When the last successful acquire or renewal was sent (``time.monotonic()``)."""
+        return self._renewed_at
+
     async def _attempt(self, timeout: float) -> bool | None:
         """One :meth:`try_acquire_or_renew` cut off after ``timeout`` seconds (then None).
 
