@@ -41,7 +41,12 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     try:
         pipeline = load_pipeline_file(args.manifest)
-        rendered = render_pipeline(pipeline, default_image=args.image, generation=args.generation)
+        rendered = render_pipeline(
+            pipeline,
+            default_image=args.image,
+            generation=args.generation,
+            driver_role=args.driver_role,
+        )
     except (InvalidPipeline, MissingImage) as exc:
         return _fail(str(exc))
     sys.stdout.write(yaml.safe_dump_all(rendered.objects, sort_keys=False, width=100))
@@ -191,6 +196,17 @@ async def _operate(args: argparse.Namespace) -> int:
         await endpoints.cleanup()
 
 
+def _add_driver_role(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--driver-role",
+        type=DriverRole.parse,
+        default=DEFAULT_DRIVER_ROLE,
+        metavar="KIND/NAME",
+        help="pre-made Role (in each pipeline's namespace) or ClusterRole that drivers with "
+        f"executors on Kubernetes are bound to (default {DEFAULT_DRIVER_ROLE})",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``eop`` command."""
     parser = argparse.ArgumentParser(
@@ -212,14 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FIRST-LAST",
         help=f"metrics ports of host-network drivers (default {HostPortRange()})",
     )
-    op.add_argument(
-        "--driver-role",
-        type=DriverRole.parse,
-        default=DEFAULT_DRIVER_ROLE,
-        metavar="KIND/NAME",
-        help="pre-made Role (in each pipeline's namespace) or ClusterRole that drivers with "
-        f"executors on Kubernetes are bound to (default {DEFAULT_DRIVER_ROLE})",
-    )
+    _add_driver_role(op)
     op.add_argument(
         "--allow-host-network",
         action="store_true",
@@ -263,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("manifest", type=Path)
     render.add_argument("--image", default="eop-spark:latest", help="default image to assume")
     render.add_argument("--generation", type=int, default=0, help="checkpoint generation")
+    _add_driver_role(render)
     render.set_defaults(func=cmd_render)
 
     run = sub.add_parser("run", help="run a pipeline (the data plane) in this process")

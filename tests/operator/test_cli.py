@@ -55,3 +55,16 @@ def test_a_bad_driver_role_is_one_clear_line(capsys: pytest.CaptureFixture[str])
     assert exited.value.code == EXIT_INVALID
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--driver-role" in err and "Role/NAME or ClusterRole/NAME" in err
+
+
+def test_render_binds_executors_to_the_given_drivers_role(
+    manifest: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest["spec"]["spark"] = {"master": "k8s://https://kubernetes.default.svc"}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    assert main(["render", str(path), "--driver-role", "ClusterRole/team-eop-driver"]) == 0
+    objects = list(yaml.safe_load_all(capsys.readouterr().out))
+    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert binding["roleRef"]["kind"] == "ClusterRole"
+    assert binding["roleRef"]["name"] == "team-eop-driver"
