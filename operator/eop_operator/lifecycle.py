@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,6 +52,8 @@ from eop_operator.render.naming import (
     selector_labels,
 )
 
+log = logging.getLogger(__name__)
+
 #: Renders a pipeline at (checkpoint generation, resetProgress); see ``render_pipeline``.
 Renderer = Callable[[ExactlyOncePipeline, int, bool], RenderedPipeline]
 
@@ -66,6 +69,11 @@ HEAL_SECONDS = 10.0
 _HEALED: dict[tuple[str, str], float] = {}
 #: What the API server refused at the last apply of each pipeline's children.
 _REFUSED: dict[tuple[str, str], tuple[str, ...]] = {}
+#: The namespace's Warning events are listed at most this often for a pipeline whose
+#: driver does not run (a burst of new pipelines would list them at every step).
+WARNINGS_SECONDS = 10.0
+#: The last list of Warning events per pipeline (event-loop time, the events).
+_WARNINGS: dict[tuple[str, str], tuple[float, list[WarningEvent]]] = {}
 
 
 class _Shutdown:
@@ -123,7 +131,7 @@ async def drive(
                 return None
             body = await client.get(API_VERSION, KIND, namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
-                for memory in (_LOCKS, _HEALED, _REFUSED):
+                for memory in (_LOCKS, _HEALED, _REFUSED, _WARNINGS):
                     memory.pop((namespace, name), None)
                 return None
             try:
@@ -201,10 +209,22 @@ async def apply_children(
     return tuple(refused)
 
 
-async def _warnings(client: KubeClient, namespace: str) -> list[WarningEvent]:
-    """The namespace's Warning events: one list, read only when the driver does not run."""
-    events = await client.list_objects("v1", "Event", namespace, field_selector="type=Warning")
-    return [WarningEvent.from_event(event) for event in events]
+async def _warnings(client: KubeClient, key: tuple[str, str], clock: float) -> list[WarningEvent]:
+    """The namespace's Warning events: one list, at most every ``WARNINGS_SECONDS``."""
+    cached = _WARNINGS.get(key)
+    if cached is not None and clock - cached[0] < WARNINGS_SECONDS:
+        return cached[1]
+    try:
+        events = await client.list_objects("v1", "Event", key[0], field_selector="type=Warning")
+    except KubeError as exc:
+        if exc.status != 403:
+            raise
+        # An older chart's RBAC: the status says less, the lifecycle goes on.
+        log.warning("cannot list events in %s (%s): conditions give fewer causes", key[0], exc)
+        events = []
+    warnings = [WarningEvent.from_event(event) for event in events]
+    _WARNINGS[key] = (clock, warnings)
+    return warnings
 
 
 async def _step(
@@ -254,14 +274,16 @@ async def _step(
         )
     )
     cause = None
-    if not pipeline.spec.suspend and not steady:
+    if steady:
+        _WARNINGS.pop(key, None)
+    elif not pipeline.spec.suspend:
         cause = pod_cause(driver, now)
         if cause is None:
             cause = diagnose(
                 driver,
                 claim=claim,
                 claim_name=claim_name,
-                warnings=await _warnings(client, namespace),
+                warnings=await _warnings(client, key, clock),
                 statefulset_uid=(statefulset or {}).get("metadata", {}).get("uid"),
                 now=now,
             )

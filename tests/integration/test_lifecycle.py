@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -268,25 +269,30 @@ class Pipeline:
             check=True,
         )
 
-    def make_ready(self, spec_hash: str) -> None:
-        """The kubelet's part: the driver container runs and is Ready."""
+    def make_ready(self, spec_hash: str, *, restarts: int = 0, last_message: str = "") -> None:
+        """The kubelet's part: the driver container runs and is Ready.
+
+        With ``restarts``, it has just been restarted after ending with ``last_message``.
+        """
         pod = self.pod_of(spec_hash)
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        container: dict[str, Any] = {
+            "name": "driver",
+            "ready": True,
+            "restartCount": restarts,
+            "image": "localhost/eop-spark:test",
+            "imageID": "",
+            "state": {"running": {"startedAt": now}},
+        }
+        if restarts:
+            ended = {"exitCode": 4, "message": last_message, "startedAt": now, "finishedAt": now}
+            container["lastState"] = {"terminated": ended}
         self._status_patch(
             pod["metadata"]["name"],
             {
                 "phase": "Running",
                 "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
-                "containerStatuses": [
-                    {
-                        "name": "driver",
-                        "ready": True,
-                        "restartCount": 0,
-                        "image": "localhost/eop-spark:test",
-                        "imageID": "",
-                        "state": {"running": {"startedAt": now}},
-                    }
-                ],
+                "containerStatuses": [container],
             },
         )
 
@@ -600,10 +606,12 @@ def _condition(p: Pipeline, kind: str = "Ready") -> dict[str, Any]:
 
 
 def _reason_column(p: Pipeline) -> str:
-    """The REASON column of ``kubectl get eop``."""
-    table = p.cp.kubectl("get", "eop", p.name, "-n", p.ns, check=True).stdout.splitlines()
-    header, row = table[0].split(), table[1].split()
-    return row[header.index("REASON")]
+    """The REASON column of ``kubectl get eop`` (columns are aligned; some may be empty)."""
+    header, row = p.cp.kubectl("get", "eop", p.name, "-n", p.ns, check=True).stdout.splitlines()
+    start = header.index("REASON")
+    following = re.search(r" \S", header[start:])  # where the next column begins
+    end = start + following.end() - 1 if following else len(row)
+    return row[start:end].strip()
 
 
 def _wait_reason(p: Pipeline, reason: str, timeout: float = 60) -> dict[str, Any]:
@@ -744,34 +752,8 @@ def test_a_crash_loop_is_degraded_with_the_runners_message_even_between_crashes(
 ) -> None:
     p = pipeline("loop")
     spec_hash = p.running()
-    pod = p.pod_of(spec_hash)
     message = "eop: error: [Failed] source.kafka: broker 127.0.0.1:9092 went away"
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    p._status_patch(
-        pod["metadata"]["name"],
-        {
-            "phase": "Running",
-            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
-            "containerStatuses": [
-                {
-                    "name": "driver",
-                    "ready": True,
-                    "restartCount": 2,
-                    "image": "localhost/eop-spark:test",
-                    "imageID": "",
-                    "state": {"running": {"startedAt": now}},
-                    "lastState": {
-                        "terminated": {
-                            "exitCode": 4,
-                            "message": message,
-                            "startedAt": now,
-                            "finishedAt": now,
-                        }
-                    },
-                }
-            ],
-        },
-    )
+    p.make_ready(spec_hash, restarts=2, last_message=message)
     ready = _wait_reason(p, "CrashLoop")
     assert ready["status"] == "False"
     assert "broker 127.0.0.1:9092 went away" in ready["message"]

@@ -110,6 +110,12 @@ SANDBOX_FAILED = frozenset({"FailedCreatePodSandBox"})
 VOLUME_FAILED = frozenset({"FailedMount", "FailedAttachVolume", "FailedMapVolume"})
 #: StatefulSet events of a pod the API server refuses (quota, LimitRange, admission).
 FAILED_CREATE = frozenset({"FailedCreate"})
+#: Pod events that stop a pod before its container starts: (reason, event reasons, what it
+#: means, whether waiting does not help).
+_POD_EVENTS = (
+    ("SandboxFailed", SANDBOX_FAILED, "the driver pod gets no sandbox or network", True),
+    ("VolumeFailed", VOLUME_FAILED, "a volume of the driver pod cannot be mounted", False),
+)
 #: How much of a Kubernetes message a condition quotes.
 QUOTE_LIMIT = 400
 
@@ -227,22 +233,10 @@ def diagnose(
             )
         return None
     pod = pods[0]
-    sandbox = _latest(warnings, "Pod", pod.uid, SANDBOX_FAILED)
-    if sandbox is not None and not pod.started:
-        return Cause(
-            "SandboxFailed",
-            f"the driver pod gets no sandbox or network ({sandbox.reason}): "
-            f"{_quote(sandbox.message)}",
-            True,
-        )
-    volume = _latest(warnings, "Pod", pod.uid, VOLUME_FAILED)
-    if volume is not None and not pod.started:
-        return Cause(
-            "VolumeFailed",
-            f"a volume of the driver pod cannot be mounted ({volume.reason}): "
-            f"{_quote(volume.message)}",
-            False,
-        )
+    for reason, reasons, what, stuck in _POD_EVENTS:
+        found = _latest(warnings, "Pod", pod.uid, reasons)
+        if found is not None and not pod.started:
+            return Cause(reason, f"{what} ({found.reason}): {_quote(found.message)}", stuck)
     if claim_name is not None and claim is ClaimState.PENDING:
         provisioning = _latest(warnings, "PersistentVolumeClaim", claim_name)
         detail = f": {_quote(provisioning.message)}" if provisioning else ""
