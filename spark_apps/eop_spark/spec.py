@@ -347,10 +347,14 @@ class KafkaSource(SpecModel):
 
     @property
     def subscribed_pattern(self) -> str | None:
-        """``topicPattern`` as the clients match it: whole names, internal topics (``__``) never."""
+        """``topicPattern`` as the clients match it: whole names, internal topics (``__``) never.
+
+        Anchored: Spark's source (4.x, admin-based) keeps a topic when the regex is *found*
+        in its name, where Kafka's consumer and the operator match whole names.
+        """
         if self.topic_pattern is None:
             return None
-        return f"(?!__)(?:{self.topic_pattern})"
+        return f"^(?!__)(?:{self.topic_pattern})$"
 
 
 class SourceSpec(SpecModel):

@@ -72,7 +72,7 @@ def test_spark_source_options(tmp_path: Path) -> None:
     )
     options = spark_source_options(config)
     # Internal topics (names starting with __) never match.
-    assert options["subscribePattern"] == "(?!__)(?:ev.*)" and "subscribe" not in options
+    assert options["subscribePattern"] == "^(?!__)(?:ev.*)$" and "subscribe" not in options
     assert options["kafka.isolation.level"] == "read_committed"
     assert options["failOnDataLoss"] == "true"
     assert options["maxOffsetsPerTrigger"] == "10"
