@@ -114,10 +114,13 @@ def test_a_copy_pasted_prefix_is_refused_until_the_first_pipeline_is_gone(
         "the copy's driver once the prefix is free",
         timeout=45,
     )
-    wait_for(
-        lambda: _status(cp, "orders-copy", ns).get("transactionalIdPrefix") == "team.orders",
-        "the copy's identity recorded",
+    status = wait_for(
+        lambda: (s := _status(cp, "orders-copy", ns)).get("phase") == "Pending" and s,
+        "the copy's status to leave Invalid",
     )
+    assert status["transactionalIdPrefix"] == "team.orders"
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "False", degraded
 
 
 def test_deleting_a_pipeline_whose_spec_became_invalid_keeps_its_retained_checkpoint(
