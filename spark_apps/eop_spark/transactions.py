@@ -109,7 +109,9 @@ class TransactionalProducer:
                 f"transactional id {self.transactional_id!r} was fenced during {what}: "
                 "another runner of this pipeline took it over"
             )
-        if error is not None and error.fatal():
+        # _FATAL before error_cb has reported the fatal error itself (records queued by
+        # native_produce get the bare code): the producer is dead all the same.
+        if error is not None and (error.fatal() or error.code() == KafkaError._FATAL):
             self._fatal = error
             raise SinkRetryable(text)
         if error is not None and error.txn_requires_abort():

@@ -7,8 +7,9 @@
  * (initTransactions when built), reads c = G's stable committed offset for (t, p) unless it
  * knows it, skips if c >= until, else begins, adds {(t, p): until} for G first, sends the rows
  * with offset >= c and commits. A range that takes longer than a third of the transaction timeout
- * is committed in several transactions (see send). One producer per id lives as long as the JVM, so the tasks of
- * every batch that run here share it; a task holds its id's lock for the whole transaction.
+ * is committed in several transactions (see send). One producer per id lives as long as the JVM,
+ * so the tasks of every batch that run here share it; a task holds its id's lock for the whole
+ * transaction.
  * Where the driver's JVM runs the tasks (local mode), the runner has it take the run's ids and
  * read G for them while the query is planned and started (prepare), so the first batch's tasks
  * need not.
@@ -74,6 +75,9 @@ public final class PartitionedWriter {
   static final String SOURCE_PARTITION = "__eop_src_partition";
   static final String SOURCE_OFFSET = "__eop_src_offset";
   static final int ATTEMPTS = 3;
+  /** The eop_spark.errors class of a transaction that outlived its timeout, and its prefix. */
+  static final String TIMED_OUT_KIND = "TransactionTimedOut";
+  static final String TIMED_OUT = "eop_spark.errors." + TIMED_OUT_KIND + ": ";
   /** Appended to the batch's marker for an intermediate commit (see commitSoFar). */
   static final String PARTIAL = ":partial";
   /** A transaction lives at most this share of transaction.timeout.ms before a task commits. */
@@ -422,6 +426,12 @@ public final class PartitionedWriter {
           }
           discard(slot);
           continue;
+        } catch (IllegalStateException e) {
+          // The producer is dead (its I/O thread stopped after a fatal error, e.g. its epoch
+          // bumped when the broker aborted a transaction for its age): a new one takes over.
+          LOG.warn("{}: a new producer replaces a dead one: {}", id, e.getMessage());
+          discard(slot);
+          continue;
         } catch (RuntimeException e) {
           abort(slot, held);
           throw failure(e, "adding the offsets of " + tp + " to the transaction of " + id);
@@ -431,8 +441,12 @@ public final class PartitionedWriter {
           send(producer, settings.topic, layout, rows, progress);
           producer.commitTransaction();
         } catch (RuntimeException e) {
+          TaskFailure failure = failure(e, "the transaction of " + id, progress.openedAt, settings);
           abort(slot, held);
-          throw failure(e, "the transaction of " + id, progress.openedAt, settings);
+          if (failure.getMessage().startsWith(TIMED_OUT)) {
+            discard(slot); // the broker bumped the id's epoch when it aborted the transaction
+          }
+          throw failure;
         }
         long out = progress.out;
         if (progress.transactions > 1) {
@@ -645,7 +659,7 @@ public final class PartitionedWriter {
       return failure(e, what);
     }
     return new TaskFailure(
-        "TransactionTimedOut",
+        TIMED_OUT_KIND,
         what + " was open " + openMs + " ms, longer than sink.kafka.transactionTimeout ("
             + timeoutMs + " ms), and the broker aborts such a transaction: raise"
             + " sink.kafka.transactionTimeout or make batches smaller with"
