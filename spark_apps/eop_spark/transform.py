@@ -104,10 +104,14 @@ def _apply_python(source: DataFrame, module_name: str, function_name: str) -> Da
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"cannot import transform module {module_name!r}: {exc}") from exc
+        raise ConfigError(
+            f"transform.python.module {module_name!r} cannot be imported: {exc}"
+        ) from exc
     function = getattr(module, function_name, None)
     if not callable(function):
-        raise ConfigError(f"transform {target} is not a function")
+        raise ConfigError(
+            f"transform.python.function {function_name!r} is not a function in {module_name}"
+        )
     try:
         result: Any = function(source)
     except Exception as exc:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from eop_spark.__main__ import main
 from eop_spark.config import RunConfig
-from eop_spark.errors import EXIT_CONFIG
+from eop_spark.errors import EXIT_CONFIG, ConfigError
 
 
 def _run(tmp_path: Path, capsys: pytest.CaptureFixture[str], **source: object) -> str:
@@ -38,3 +40,24 @@ def test_a_topic_pattern_python_cannot_compile_is_named(
 ) -> None:
     line = _run(tmp_path, capsys, topics=None, topicPattern="raw(")
     assert "source.kafka: topicPattern 'raw(' is not a valid regex: missing )" in line
+
+
+@pytest.mark.parametrize(
+    ("module", "function", "expected"),
+    [
+        ("acme.nowhere", "clean", "transform.python.module 'acme.nowhere' cannot be imported"),
+        (
+            "eop_spark.examples.impressions",
+            "count_impresions",
+            "transform.python.function 'count_impresions' is not a function in "
+            "eop_spark.examples.impressions",
+        ),
+    ],
+)
+def test_a_python_transform_the_image_lacks_is_named_by_its_setting(
+    module: str, function: str, expected: str
+) -> None:
+    from eop_spark.transform import _apply_python
+
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        _apply_python(cast(Any, None), module, function)
