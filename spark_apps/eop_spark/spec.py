@@ -12,6 +12,7 @@ and ``json_schema_extra``: each becomes both a pydantic validator (for
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -312,7 +313,7 @@ class KafkaSource(SpecModel):
         description=(
             "Where partitions never seen by the pipeline start: earliest, latest, or Spark's "
             'per-partition JSON such as {"events":{"0":42,"1":-2}} (-2 earliest, -1 latest; '
-            "offsets are numbers, not strings)."
+            "offsets are numbers, not strings; only topics the pipeline reads)."
         ),
     )
     max_offsets_per_trigger: int | None = Field(
@@ -335,15 +336,29 @@ class KafkaSource(SpecModel):
     )
 
     @model_validator(mode="after")
-    def _python_compiles_the_pattern(self) -> KafkaSource:
-        # The API server cannot compile a regex; the operator refuses it before a driver runs.
+    def _checks_cel_cannot_make(self) -> KafkaSource:
+        # The API server can neither compile a regex nor parse JSON: these are refused by the
+        # operator before a driver runs (and by eop run).
         if self.topic_pattern is not None:
             error = python_regex_error(self.topic_pattern)
             if error is not None:
                 raise ValueError(
                     f"topicPattern {self.topic_pattern!r} is not a valid regex: {error}"
                 )
+        if self.starting_offsets not in _NAMED_STARTS:
+            for topic in json.loads(self.starting_offsets):
+                if not self.reads(topic):
+                    raise ValueError(
+                        f"startingOffsets names topic {topic!r}, which the pipeline does not "
+                        "read (topics / topicPattern): its offsets would be ignored"
+                    )
         return self
+
+    def reads(self, topic: str) -> bool:
+        """Whether ``topic`` is one the pipeline reads (listed, or matched by the pattern)."""
+        if self.topics is not None:
+            return topic in self.topics
+        return re.fullmatch(self.subscribed_pattern or "(?!)", topic) is not None
 
     @property
     def subscribed_pattern(self) -> str | None:

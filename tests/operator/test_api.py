@@ -92,3 +92,24 @@ def test_the_runner_never_subscribes_internal_topics() -> None:
     assert pattern is not None
     names = ["raw", "__consumer_offsets", "__transaction_state", "__eop_progress", "a__b"]
     assert [n for n in names if re.fullmatch(pattern, n)] == ["raw", "a__b"]
+
+
+@pytest.mark.parametrize(
+    ("source", "refused"),
+    [
+        ({"topics": ["raw"], "startingOffsets": '{"rwa": {"0": 5}}'}, "'rwa'"),
+        ({"topicPattern": "raw-.*", "startingOffsets": '{"raw": {"0": 5}}'}, "'raw'"),
+        ({"topicPattern": "raw-.*", "startingOffsets": '{"raw-eu": {"0": 5}}'}, None),
+    ],
+)
+def test_starting_offsets_of_a_topic_the_pipeline_does_not_read_are_refused(
+    source: dict[str, Any], refused: str | None
+) -> None:
+    # A typo here would silently start the real topic at earliest: a full reprocess.
+    obj = copy.deepcopy(VALID)
+    obj["spec"]["source"]["kafka"] = {"bootstrapServers": "127.0.0.1:9092", **source}
+    if refused is None:
+        load_pipeline(obj)
+        return
+    with pytest.raises(InvalidPipeline, match=f"startingOffsets names topic {refused}"):
+        load_pipeline(obj)
