@@ -3,7 +3,8 @@
 A broker of its own with ``offsets.retention.minutes=1`` expires the progress
 group's offsets a minute after their last commit.  Four pipelines process
 their input, then stay idle past the retention side by side: two with their
-runner up and idle (partitioned and coordinated: the runner's keep-alive),
+runner up and idle (partitioned and coordinated: the runner's keep-alive; more
+input after the refreshes is processed once),
 two suspended (no runner: the operator's keep-alive function, called as its
 health daemon does).  Then every one starts a new checkpoint generation,
 which resumes from the progress group: exactly once, nothing repeated.
@@ -13,6 +14,7 @@ without that guard too, repeat all their input, as issue 27 measured).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,6 +98,27 @@ def _config(pipeline: Pipeline, mode: str, **trigger: Any) -> dict[str, Any]:
     return config
 
 
+class Refresher(threading.Thread):
+    """Calls the operator's keep-alive for suspended pipelines every retention / 4."""
+
+    def __init__(self, access: KafkaAccess, pipelines: list[ExactlyOncePipeline]) -> None:
+        super().__init__(name="operator-keep-alive", daemon=True)
+        self.access, self.pipelines = access, pipelines
+        self.stopped = threading.Event()
+        #: How many partitions each refresh re-committed.
+        self.refreshed: list[int] = []
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            for pipeline in self.pipelines:
+                self.refreshed.append(len(refresh_suspended_progress(self.access, pipeline)))
+            self.stopped.wait(RETENTION_S / 4)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(60)
+
+
 def _wait_caught_up(pipelines: list[Pipeline], runners: list[Runner], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not all(p.caught_up() for p in pipelines):
@@ -121,18 +144,14 @@ def test_progress_survives_idle_and_suspended_pipelines_past_retention(
         ]
         for runner in finished:
             assert runner.wait(240) == 0, runner.tail()
-        _wait_caught_up(everyone, runners, 240)
-
         access = KafkaAccess(source=broker.client_config(), sink=broker.client_config())
         models = {p.name: _model(p, m) for p, m in zip(idle + suspended, modes * 2, strict=True)}
-        # Past the retention: the runners refresh on their own; the operator's function is
-        # called for the suspended ones as often as its daemon would (retention / 4).
-        deadline = time.monotonic() + IDLE_S
-        while time.monotonic() < deadline:
-            for pipeline in suspended:
-                refreshed = refresh_suspended_progress(access, models[pipeline.name])
-                assert len(refreshed) == PARTITIONS
-            time.sleep(RETENTION_S / 4)
+        # No runner for the suspended ones: the operator's function refreshes them as often
+        # as its daemon would (retention / 4) until their new generation starts.
+        operator = Refresher(access, [models[p.name] for p in suspended])
+        operator.start()
+        _wait_caught_up(everyone, runners, 240)
+        time.sleep(IDLE_S)  # past the retention
         for runner in runners:
             assert runner.alive, runner.tail()
             assert any("refreshed" in m for m in runner.messages()), runner.tail()
@@ -143,9 +162,17 @@ def test_progress_survives_idle_and_suspended_pipelines_past_retention(
             assert [p.committed for p in observed] == [RECORDS // PARTITIONS] * PARTITIONS
             assert sum(p.lag for p in observed) == 0
 
+        # Input after the refreshes (which fenced the producers partitioned tasks keep).
+        for pipeline in idle:
+            name = pipeline.source_topic.removeprefix("in-")
+            late = [(f"{name}-{i}", f"v{i}", i % PARTITIONS) for i in range(RECORDS, 2 * RECORDS)]
+            produce(broker, pipeline.source_topic, late)
+        _wait_caught_up(idle, runners, 120)
         for runner in runners:
             runner.terminate()
             assert runner.wait(120) == 0, runner.tail()
+        operator.stop()
+        assert operator.refreshed and set(operator.refreshed) == {PARTITIONS}
         # A new generation of each (what an upgrade, fallback or recovery starts).
         resumed = [
             p.start(_config(p, m, availableNow=True), generation=1)
@@ -154,8 +181,9 @@ def test_progress_survives_idle_and_suspended_pipelines_past_retention(
         for runner in resumed:
             assert runner.wait(300) == 0, runner.tail()
         for pipeline in everyone:
-            prefix = pipeline.source_topic.removeprefix("in-")
-            assert_exactly_once(pipeline.output(), [f"{prefix}-{i}" for i in range(RECORDS)])
+            name = pipeline.source_topic.removeprefix("in-")
+            records = 2 * RECORDS if pipeline in idle else RECORDS
+            assert_exactly_once(pipeline.output(), [f"{name}-{i}" for i in range(records)])
     finally:
         for pipeline in everyone:
             pipeline.cleanup()
