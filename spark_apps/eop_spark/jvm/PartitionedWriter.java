@@ -138,6 +138,8 @@ public final class PartitionedWriter {
     final String run;
     final Map<String, Object> producer;
     final Map<String, Object> reader;
+    /** The producers' transaction.timeout.ms. */
+    final long timeoutMs;
     /** How long a transaction may stay open before the task commits what it produced. */
     final long commitAfterNanos;
 
@@ -148,7 +150,7 @@ public final class PartitionedWriter {
       run = node.get("run").asText();
       producer = properties(node.get("producer"));
       reader = properties(node.get("reader"));
-      long timeoutMs =
+      timeoutMs =
           Long.parseLong(String.valueOf(producer.getOrDefault("transaction.timeout.ms", "60000")));
       commitAfterNanos = timeoutMs * 1_000_000L / TIMEOUT_SHARE;
     }
@@ -654,7 +656,7 @@ public final class PartitionedWriter {
    */
   static TaskFailure failure(RuntimeException e, String what, long openedAt, Settings settings) {
     long openMs = (System.nanoTime() - openedAt) / 1_000_000L;
-    long timeoutMs = settings.commitAfterNanos * TIMEOUT_SHARE / 1_000_000L;
+    long timeoutMs = settings.timeoutMs;
     if (e instanceof TaskFailure || openMs < timeoutMs) {
       return failure(e, what);
     }
