@@ -788,6 +788,12 @@ def main(argv: list[str] | None = None) -> int:
         step(f"FAIL: {exc}")
         if cluster is not None:
             print(cluster.kubectl("get", "eop,pods", "-A").stdout, file=sys.stderr)
+            for item in get_json(cluster, "eop", "-A").get("items", []):
+                ready = [
+                    c for c in item.get("status", {}).get("conditions", []) if c["type"] == "Ready"
+                ]
+                why = ready[0].get("message", "") if ready else "no status yet"
+                print(f"{item['metadata']['name']}: {why}", file=sys.stderr)
     finally:
         if args.keep and cluster is not None:
             step(f"--keep: cluster up, KUBECONFIG={cluster.kubeconfig}")

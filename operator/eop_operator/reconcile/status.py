@@ -234,9 +234,9 @@ def diagnose(
         return None
     pod = pods[0]
     for reason, reasons, what, stuck in _POD_EVENTS:
-        found = _latest(warnings, "Pod", pod.uid, reasons)
-        if found is not None and not pod.started:
-            return Cause(reason, f"{what} ({found.reason}): {_quote(found.message)}", stuck)
+        event = _latest(warnings, "Pod", pod.uid, reasons)
+        if event is not None and not pod.started:
+            return Cause(reason, f"{what} ({event.reason}): {_quote(event.message)}", stuck)
     if claim_name is not None and claim is ClaimState.PENDING:
         provisioning = _latest(warnings, "PersistentVolumeClaim", claim_name)
         detail = f": {_quote(provisioning.message)}" if provisioning else ""
