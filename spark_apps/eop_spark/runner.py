@@ -273,9 +273,13 @@ class PipelineRun:
 
         def refresh() -> Offsets:
             sink = gate.sink
+            # The partitions found at start, and any a topic pattern added since.
+            batches = sink.offsets_log.batches()
+            latest = sink.offsets_log.end_offsets(batches[-1]) if batches else {}
+            current = sorted(set(partitions) | set(latest))
             if isinstance(sink, CoordinatedSink):
-                return sink.refresh_progress(partitions)
-            return refresh_each_partition(settings, progress, partitions)
+                return sink.refresh_progress(current)
+            return refresh_each_partition(settings, progress, current)
 
         return KeepAlive(sink_conf, gate.between_batches, refresh)
 
