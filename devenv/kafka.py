@@ -139,6 +139,7 @@ class KafkaBroker:
         overrides: Mapping[str, str] | None = None,
         start_timeout: float = 120.0,
         sasl_plain_users: Mapping[str, str] | None = None,
+        tls_certs: Path | str | None = None,
     ) -> None:
         """Describe a broker; nothing runs until :meth:`start`.
 
@@ -146,12 +147,19 @@ class KafkaBroker:
         ``sasl_plain_users`` (user -> password) adds a ``SASL_PLAINTEXT`` listener on
         a port of its own (:attr:`sasl_bootstrap_servers`) that admits those users
         with the PLAIN mechanism; the PLAINTEXT listener stays as it is.
+        ``tls_certs`` (a directory of :func:`devenv.certs.make_certs`) adds two TLS
+        listeners with the broker certificate ``broker.pem``: ``SSL``
+        (:attr:`tls_bootstrap_servers`, server authentication only) and ``MTLS``
+        (:attr:`mtls_bootstrap_servers`, client certificates signed by ``ca.crt``
+        required).
         """
         self.work_dir = Path(work_dir).resolve()
         self.heap = heap
         self.overrides = dict(overrides or {})
         self.sasl_plain_users = dict(sasl_plain_users or {})
         self._sasl_port: int | None = None
+        self.tls_certs = Path(tls_certs).resolve() if tls_certs is not None else None
+        self._tls_ports: tuple[int, int] | None = None
         self.start_timeout = start_timeout
         self._port: int | None = None
         self._controller_port: int | None = None
@@ -179,6 +187,21 @@ class KafkaBroker:
         if self._sasl_port is None:
             raise KafkaBrokerError("the broker has no SASL listener (or has not been started)")
         return f"127.0.0.1:{self._sasl_port}"
+
+    @property
+    def tls_bootstrap_servers(self) -> str:
+        """``"127.0.0.1:PORT"`` of the TLS listener (server authentication only)."""
+        return f"127.0.0.1:{self._tls_port(0)}"
+
+    @property
+    def mtls_bootstrap_servers(self) -> str:
+        """``"127.0.0.1:PORT"`` of the mutual TLS listener (client certificate required)."""
+        return f"127.0.0.1:{self._tls_port(1)}"
+
+    def _tls_port(self, index: int) -> int:
+        if self._tls_ports is None:
+            raise KafkaBrokerError("the broker has no TLS listeners (or has not been started)")
+        return self._tls_ports[index]
 
     @property
     def log_path(self) -> Path:
@@ -248,6 +271,8 @@ class KafkaBroker:
         }
         if self._sasl_port is not None:
             props.update(self._sasl_properties())
+        if self._tls_ports is not None:
+            props.update(self._tls_properties(props))
         props.update(self.overrides)
         return props
 
@@ -267,6 +292,24 @@ class KafkaBroker:
             "listener.name.sasl_plaintext.plain.sasl.jaas.config": (
                 f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
             ),
+        }
+
+    def _tls_properties(self, props: Mapping[str, str]) -> dict[str, str]:
+        """The SSL and MTLS listeners, added to the listeners in ``props``; PEM files."""
+        assert self._tls_ports is not None and self.tls_certs is not None
+        ssl_port, mtls_port = self._tls_ports
+        added = f"SSL://127.0.0.1:{ssl_port},MTLS://127.0.0.1:{mtls_port}"
+        return {
+            "listeners": f"{added},{props['listeners']}",
+            "advertised.listeners": f"{added},{props['advertised.listeners']}",
+            "listener.security.protocol.map": (
+                f"SSL:SSL,MTLS:SSL,{props['listener.security.protocol.map']}"
+            ),
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(self.tls_certs / "broker.pem"),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(self.tls_certs / "ca.crt"),
+            "listener.name.mtls.ssl.client.auth": "required",
         }
 
     def _java(self, heap: str, log4j2: Path, main_class: str, *args: str) -> list[str]:
@@ -293,7 +336,7 @@ class KafkaBroker:
 
     def _write_configs(self) -> Path:
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        ports = [self.port, self._controller_port, self._sasl_port]
+        ports = [self.port, self._controller_port, self._sasl_port, *(self._tls_ports or ())]
         self._ports_file().write_text(" ".join(str(p) for p in ports if p is not None) + "\n")
         props = self.work_dir / "server.properties"
         props.write_text("".join(f"{k}={v}\n" for k, v in self._server_properties().items()))
@@ -342,9 +385,12 @@ class KafkaBroker:
         attempts = 3 if fresh else 1
         for attempt in range(attempts):
             if fresh:
-                ports = distinct_free_ports(3 if self.sasl_plain_users else 2)
-                self._port, self._controller_port = ports[0], ports[1]
-                self._sasl_port = ports[2] if self.sasl_plain_users else None
+                ports = distinct_free_ports(
+                    2 + bool(self.sasl_plain_users) + 2 * (self.tls_certs is not None)
+                )
+                self._port, self._controller_port = ports.pop(0), ports.pop(0)
+                self._sasl_port = ports.pop(0) if self.sasl_plain_users else None
+                self._tls_ports = (ports[0], ports[1]) if self.tls_certs is not None else None
             try:
                 self._start_once()
                 return self
@@ -363,9 +409,10 @@ class KafkaBroker:
 
     def _load_ports(self) -> None:
         with contextlib.suppress(OSError, ValueError):
-            port, cport, *sasl = (int(p) for p in self._ports_file().read_text().split())
+            port, cport, *more = (int(p) for p in self._ports_file().read_text().split())
             self._port, self._controller_port = port, cport
-            self._sasl_port = sasl[0] if sasl else None
+            self._sasl_port = more.pop(0) if self.sasl_plain_users and more else None
+            self._tls_ports = (more[0], more[1]) if self.tls_certs and len(more) >= 2 else None
 
     @property
     def _unclean_marker(self) -> Path:

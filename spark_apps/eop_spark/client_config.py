@@ -9,6 +9,8 @@ Three kinds of clients talk to Kafka:
 A Secret directory holds one client property per file (``sasl.mechanism``,
 ``sasl.username``...), as Kubernetes mounts Secrets.  Values are read here
 and passed to the clients; they are never logged (only property names are).
+A Secret in the shape of Strimzi's ``KafkaUser`` (``ca.crt``, ``user.crt``,
+``user.key``) gives the TLS material: see :func:`secret_client_properties`.
 """
 
 from __future__ import annotations
@@ -95,8 +97,8 @@ def spark_source_options(config: RunConfig) -> dict[str, str]:
         options["subscribePattern"] = kafka.subscribed_pattern
     if kafka.max_offsets_per_trigger is not None:
         options["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)
-    props = {**kafka.options, **read_secret_dir(config.source_secret_dir)}
-    for key, value in java_client_properties(props).items():
+    secret = secret_client_properties(read_secret_dir(config.source_secret_dir))
+    for key, value in java_client_properties({**kafka.options, **secret}).items():
         options[f"kafka.{key}"] = value
     return options
 
@@ -111,7 +113,7 @@ def source_librdkafka_config(kafka: KafkaSource, secret: Mapping[str, str]) -> d
 
     The operator passes the Secret it read through the API, the runner the mounted one.
     """
-    props = {**kafka.options, **secret}
+    props = {**kafka.options, **secret_client_properties(secret)}
     props.pop("isolation.level", None)
     props.pop("enable.auto.commit", None)
     return librdkafka_compatible({"bootstrap.servers": kafka.bootstrap_servers, **props})
@@ -142,7 +144,38 @@ def _sink_properties(kafka: KafkaSink, secret: Mapping[str, str]) -> dict[str, s
     for key in _SINK_FORBIDDEN:
         if key in kafka.options:
             raise ConfigError(f"sink option {key} is set by the runner and cannot be overridden")
-    return {"bootstrap.servers": kafka.bootstrap_servers, **kafka.options, **secret}
+    return {
+        "bootstrap.servers": kafka.bootstrap_servers,
+        **kafka.options,
+        **secret_client_properties(secret),
+    }
+
+
+#: Keys of a Strimzi ``KafkaUser`` Secret (TLS authentication) and librdkafka's PEM
+#: property each one is.  ``ca.crt`` is also the key of Strimzi's cluster CA Secret.
+STRIMZI_TLS_KEYS = {
+    "ca.crt": "ssl.ca.pem",
+    "user.crt": "ssl.certificate.pem",
+    "user.key": "ssl.key.pem",
+}
+#: Keys of Strimzi's Secrets holding the same material as PKCS#12: not read.
+STRIMZI_UNUSED_KEYS = ("user.p12", "user.password", "ca.p12", "ca.password")
+
+
+def secret_client_properties(secret: Mapping[str, str]) -> dict[str, str]:
+    """A Secret's keys as client properties (the runner's mounted Secret, the operator's read).
+
+    Strimzi's file names (:data:`STRIMZI_TLS_KEYS`) become librdkafka's PEM
+    properties (a property of that name in the Secret wins), the PKCS#12 copies
+    are left out, and every other key is a property as it is.  The Java clients
+    get the PEM material from :func:`java_client_properties`.
+    """
+    props = {key: value for key, value in secret.items() if key not in STRIMZI_UNUSED_KEYS}
+    for key, name in STRIMZI_TLS_KEYS.items():
+        value = props.pop(key, None)
+        if value is not None:
+            props.setdefault(name, value)
+    return props
 
 
 #: Every librdkafka client of the runner connects to the brokers as soon as metadata
@@ -213,9 +246,10 @@ def java_client_properties(props: Mapping[str, str]) -> dict[str, str]:
     Secret serves the runner's librdkafka clients, Spark's Kafka source and the
     JVM writer alike. With a ``sasl.jaas.config`` given, that is the Java
     clients' login and librdkafka's user name and password are left out.
-    Anything else passes as it is.
+    librdkafka's TLS settings become the Java clients' PEM settings (see
+    :func:`_java_tls`). Anything else passes as it is.
     """
-    result = dict(props)
+    result = _java_tls(props)
     mechanism = result.get("sasl.mechanism", result.get("sasl.mechanisms", "GSSAPI"))
     mechanism = mechanism.strip().upper()
     if "sasl.jaas.config" in result:  # the user's own login for the Java clients
@@ -231,6 +265,47 @@ def java_client_properties(props: Mapping[str, str]) -> dict[str, str]:
     result["sasl.jaas.config"] = (
         f"{module} required username={_jaas_quoted(username)} password={_jaas_quoted(password)};"
     )
+    return result
+
+
+#: The Java clients' settings that give them a trust store or a key store of their own.
+_JAVA_TRUSTSTORE = ("ssl.truststore.location", "ssl.truststore.certificates")
+_JAVA_KEYSTORE = ("ssl.keystore.location", "ssl.keystore.certificate.chain", "ssl.keystore.key")
+
+
+def _java_tls(props: Mapping[str, str]) -> dict[str, str]:
+    """``props`` with librdkafka's CA, certificate and key as the Java clients' PEM stores.
+
+    ``ssl.ca.pem`` (or an ``ssl.ca.location`` file) becomes a PEM trust store,
+    ``ssl.certificate.pem`` with ``ssl.key.pem`` a PEM key store, unless the
+    Java settings are given too (they win).  librdkafka's names are left out
+    then (the Java clients do not know them); an ``ssl.ca.location`` that is no
+    file (a directory, ``probe``) stays, and the JVM writer leaves the tasks in
+    Python.  ``ssl.endpoint.identification.algorithm``
+    ``none`` (librdkafka) is the empty value for the Java clients.
+    """
+    result = dict(props)
+    if any(name in result for name in _JAVA_TRUSTSTORE):  # the Java clients' own
+        result.pop("ssl.ca.pem", None)
+        result.pop("ssl.ca.location", None)
+    else:
+        ca_location = result.get("ssl.ca.location")
+        if "ssl.ca.pem" in result:
+            result["ssl.truststore.certificates"] = result.pop("ssl.ca.pem")
+            result["ssl.truststore.type"] = "PEM"
+        elif ca_location is not None and Path(ca_location).is_file():
+            result["ssl.truststore.location"] = result.pop("ssl.ca.location")
+            result["ssl.truststore.type"] = "PEM"
+    pem = ("ssl.certificate.pem", "ssl.key.pem")
+    if any(name in result for name in _JAVA_KEYSTORE):
+        for name in pem:
+            result.pop(name, None)
+    elif all(name in result for name in pem):
+        result["ssl.keystore.certificate.chain"] = result.pop("ssl.certificate.pem")
+        result["ssl.keystore.key"] = result.pop("ssl.key.pem")
+        result["ssl.keystore.type"] = "PEM"
+    if result.get("ssl.endpoint.identification.algorithm", "").strip().lower() == "none":
+        result["ssl.endpoint.identification.algorithm"] = ""
     return result
 
 

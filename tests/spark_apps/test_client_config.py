@@ -14,9 +14,12 @@ from eop_spark.client_config import (
     librdkafka_compatible,
     producer_config,
     read_secret_dir,
+    secret_client_properties,
     sink_client_config,
     sink_java_config,
+    sink_librdkafka_config,
     source_client_config,
+    source_librdkafka_config,
     spark_source_options,
     without_java_only,
 )
@@ -223,3 +226,81 @@ def test_java_only_properties_are_dropped_for_librdkafka() -> None:
     conf = {"bootstrap.servers": "127.0.0.1:9", "ssl.truststore.location": "/x", "client.id": "c"}
     assert librdkafka_compatible(conf) == {"bootstrap.servers": "127.0.0.1:9", "client.id": "c"}
     assert source_client_config(make_config())["bootstrap.servers"] == "127.0.0.1:9"
+
+
+#: A Secret as Strimzi writes it for a KafkaUser with TLS authentication.
+STRIMZI_USER = {
+    "ca.crt": "-----CA-----",
+    "user.crt": "-----CERT-----",
+    "user.key": "-----KEY-----",
+    "user.p12": "pkcs12",
+    "user.password": "p12-password",
+}
+
+
+def test_a_strimzi_user_secret_is_the_tls_material_of_every_client(tmp_path: Path) -> None:
+    assert secret_client_properties(STRIMZI_USER) == {
+        "ssl.ca.pem": "-----CA-----",
+        "ssl.certificate.pem": "-----CERT-----",
+        "ssl.key.pem": "-----KEY-----",
+    }
+    # librdkafka: the runner's clients, through the mounted Secret...
+    root = secret_dir(tmp_path / "s", **STRIMZI_USER)
+    config = make_config(
+        sourceSecretDir=str(root),
+        sinkSecretDir=str(root),
+        sink={
+            "kafka": {
+                "bootstrapServers": "127.0.0.1:8",
+                "topic": "out",
+                "options": {"security.protocol": "SSL"},
+            }
+        },
+    )
+    sink = sink_client_config(config)
+    assert sink["security.protocol"] == "SSL" and sink["ssl.key.pem"] == "-----KEY-----"
+    assert not any(key.startswith(("user.", "ca.")) for key in sink)
+    # ... and the operator's lag check, through the Secret it read from the API.
+    assert sink_librdkafka_config(config.sink.kafka, STRIMZI_USER) == sink
+    source = source_librdkafka_config(config.source.kafka, STRIMZI_USER)
+    assert source["ssl.ca.pem"] == "-----CA-----" and "user.p12" not in source
+    # Java: Spark's source and the JVM writer get PEM stores.
+    java = {
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.certificates": "-----CA-----",
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.certificate.chain": "-----CERT-----",
+        "ssl.keystore.key": "-----KEY-----",
+    }
+    assert java_client_properties(sink_java_config(config)) == {
+        "bootstrap.servers": "127.0.0.1:8",
+        "security.protocol": "SSL",
+        **java,
+    }
+    options = spark_source_options(config)
+    assert {k: options[f"kafka.{k}"] for k in java} == java
+    assert not any(k.startswith(("kafka.ssl.ca.", "kafka.ssl.key.pem")) for k in options)
+
+
+def test_librdkafka_tls_settings_become_the_java_clients_pem_stores(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----CA-----")
+    # A CA file (the issue: partitioned tasks used to fall back to Python for it).
+    assert java_client_properties({"ssl.ca.location": str(ca)}) == {
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(ca),
+    }
+    # A CA directory or librdkafka's "probe" has no Java equivalent: kept as it is.
+    for location in (str(tmp_path), "probe"):
+        assert java_client_properties({"ssl.ca.location": location}) == {
+            "ssl.ca.location": location
+        }
+    # A certificate without its key is no key store.
+    half = {"ssl.certificate.pem": "-----CERT-----"}
+    assert java_client_properties(half) == half
+    # The Java clients' own stores win; librdkafka's names are then left out.
+    own = {"ssl.truststore.location": "/t.p12", "ssl.keystore.location": "/k.p12"}
+    assert java_client_properties({**own, **secret_client_properties(STRIMZI_USER)}) == own
+    # librdkafka's "none" is the Java clients' empty algorithm (no host name check).
+    none = java_client_properties({"ssl.endpoint.identification.algorithm": "none"})
+    assert none == {"ssl.endpoint.identification.algorithm": ""}
