@@ -514,6 +514,10 @@ public final class PartitionedWriter {
     long due = progress.openedAt + progress.settings.commitAfterNanos;
     boolean overdue = false;
     int unchecked = 0;
+    // Locals in the loop (the fast path), kept in progress at the end and at each commit.
+    long floor = progress.floor;
+    long last = progress.last;
+    long out = 0;
     for (InternalRow row = rows.next(); row != null; row = rows.next()) {
       if (row.getInt(layout.sourcePartition) != tp.partition()
           || !layout.topicOf(row, tp.topic()).equals(tp.topic())) {
@@ -526,30 +530,34 @@ public final class PartitionedWriter {
             null);
       }
       long offset = row.getLong(layout.sourceOffset);
-      if (offset < progress.floor) {
+      if (offset < floor) {
         if (progress.moved) {
           throw new TaskFailure(
               "PipelineFailed",
               "partitioned commit mode needs each task's rows in source offset order, but a row"
                   + " of " + tp + " at offset " + offset + " came after offset "
-                  + progress.floor + "; use commitMode coordinated for this query",
+                  + floor + "; use commitMode coordinated for this query",
               null);
         }
         continue; // a replay: visible already
       }
-      if (overdue && offset > progress.last) {
+      if (overdue && offset > last) {
+        progress.last = last;
         commitSoFar(producer, progress);
+        floor = progress.floor;
         due = progress.openedAt + progress.settings.commitAfterNanos;
         overdue = false;
       }
       producer.send(layout.record(topic, row));
-      progress.out++;
-      progress.last = Math.max(progress.last, offset);
+      out++;
+      last = Math.max(last, offset);
       if (++unchecked == ROWS_PER_CLOCK_CHECK) {
         unchecked = 0;
         overdue = System.nanoTime() >= due;
       }
     }
+    progress.out = out;
+    progress.last = last;
   }
 
   /** Commit the rows sent so far with G at the offset after the last one; begin the next. */
