@@ -77,7 +77,7 @@ class ProducerFenced(SinkRetryable):
 
 
 class TransactionTimedOut(SinkRetryable):
-    """A sink transaction outlived the transaction timeout, and the broker aborts such one."""
+    """A sink transaction outlived the transaction timeout (the broker aborts such a one)."""
 
 
 class ProgressConflict(PipelineFailed):
