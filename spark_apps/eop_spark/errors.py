@@ -164,11 +164,9 @@ def after_transaction(
 
     The broker aborts a transaction older than ``transaction.timeout.ms``; the
     producer then fails with a fencing or epoch error that says nothing of
-    time.  Errors that are not the sink's (configuration, the query) pass as
-    they are.
+    time.  Other errors (configuration, the query, a bug) pass as they are.
     """
-    retryable = isinstance(error, SinkRetryable) or not isinstance(error, EopError)
-    if not retryable or open_s * 1000.0 < timeout_ms:
+    if not isinstance(error, SinkRetryable) or open_s * 1000.0 < timeout_ms:
         return error
     return TransactionTimedOut(
         f"{what} was open {open_s * 1000.0:.0f} ms, longer than sink.kafka.transactionTimeout "

@@ -125,7 +125,11 @@ def sql_with_provenance(sql: str) -> SqlRewrite:
 def plan_nodes(plan_text: str) -> list[str]:
     """Operator names of a Spark plan's tree string (``QueryExecution`` ``toString``)."""
     names = []
-    for line in plan_text.splitlines():
+    for index, line in enumerate(plan_text.splitlines()):
+        # Below the root a node's line starts with the tree's drawing; other lines go on with
+        # a multi-line value of the line before (a PEM certificate in the source's options).
+        if index and not line.startswith((" ", ":", "+- ", "|")):
+            continue
         match = _NODE.match(line)
         if match:
             names.append(match.group(1))

@@ -2,13 +2,18 @@
 
 They run in seconds with librdkafka, so a typo in a topic name or an
 unreachable broker fails the runner quickly with one clear line, instead of a
-Spark query that waits forever on a topic that never appears.
+Spark query that waits forever on a topic that never appears.  A failed TLS
+handshake is named by its cause: a cluster certificate the pipeline's CA did
+not sign, a client certificate that has expired or that the cluster refuses.
 """
 
 from __future__ import annotations
 
 import re
+import ssl
 from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from eop_spark.client_config import EAGER_CONNECTIONS
@@ -27,10 +32,13 @@ def _metadata(client_config: Mapping[str, Any], role: str) -> Any:
     # then fails as a transport failure, which would read as an unreachable broker.
     refused: list[str] = []
     login_errors = (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED)
+    handshakes: list[str] = []
 
     def on_error(error: Any) -> None:
         if error.code() in login_errors:
             refused.append(error.str())
+        elif _TLS_REFUSED.search(error.str()):
+            handshakes.append(error.str())
 
     conf = {**EAGER_CONNECTIONS, **client_config, "log_level": 0, "error_cb": on_error}
     admin = AdminClient(conf)
@@ -43,9 +51,92 @@ def _metadata(client_config: Mapping[str, Any], role: str) -> Any:
             raise EnvironmentNotReady(
                 f"the {role} Kafka cluster at {servers} refused the login: {refused[0]}"
             ) from exc
+        if handshakes:
+            raise EnvironmentNotReady(_tls_failure(client_config, role, handshakes[0])) from exc
         raise EnvironmentNotReady(
             f"cannot reach the {role} Kafka cluster at {servers}: {exc.args[0].str()}"
         ) from exc
+
+
+#: librdkafka's words for a TLS handshake that failed on a certificate (either side's).
+_TLS_REFUSED = re.compile(r"certificate verify failed|alert (bad certificate|certificate \w+)")
+
+
+def _tls_failure(client_config: Mapping[str, Any], role: str, error: str) -> str:
+    """The cause of a failed TLS handshake in the user's words (no key material)."""
+    servers = client_config["bootstrap.servers"]
+    if "certificate verify failed" in error:
+        return (
+            f"the {role} Kafka cluster's certificate is not signed by the CA in the {role} "
+            f"Secret (ca.crt or ssl.ca.pem; or ssl.ca.location): TLS certificate verify failed "
+            f"at {servers}"
+        )
+    certificate = client_config.get("ssl.certificate.pem")
+    location = client_config.get("ssl.certificate.location")
+    if certificate is None and location is not None and Path(location).is_file():
+        certificate = Path(location).read_text()
+    if certificate is None:
+        return (
+            f"the {role} Kafka cluster at {servers} asks for a client certificate: put "
+            f"user.crt and user.key (or ssl.certificate.pem and ssl.key.pem) in the {role} Secret"
+        )
+    expiry = certificate_not_after(certificate)
+    if expiry is not None and expiry <= datetime.now(UTC):
+        return (
+            f"the client certificate in the {role} Secret (user.crt or ssl.certificate.pem) "
+            f"has expired ({expiry:%Y-%m-%d %H:%M:%S} UTC): the {role} Kafka cluster at "
+            f"{servers} refused it"
+        )
+    return (
+        f"the {role} Kafka cluster at {servers} refused the client certificate in the {role} "
+        "Secret (user.crt or ssl.certificate.pem): it is not signed by a CA the cluster trusts"
+    )
+
+
+_PEM_CERTIFICATE = re.compile(
+    r"-----BEGIN CERTIFICATE-----[^-]+-----END CERTIFICATE-----", re.DOTALL
+)
+
+
+def certificate_not_after(pem: str) -> datetime | None:
+    """When the first certificate in ``pem`` expires (its X.509 ``notAfter``); None: unreadable.
+
+    Read from the DER structure (Certificate -> TBSCertificate -> Validity):
+    Python's ``ssl`` module decodes PEM but has no public parser of certificates.
+    """
+    match = _PEM_CERTIFICATE.search(pem)
+    if match is None:
+        return None
+    try:
+        der = ssl.PEM_cert_to_DER_cert(match.group(0))
+        _, tbs, _ = _der(der, _der(der, 0)[1])  # the certificate's first element
+        fields: list[tuple[int, int, int]] = []
+        position = tbs
+        while len(fields) < 5:
+            fields.append(_der(der, position))
+            position = fields[-1][2]
+        # version (explicit, [0]; absent in v1), serialNumber, signature, issuer, validity
+        _, validity, _ = fields[4] if fields[0][0] == 0xA0 else fields[3]
+        not_before_end = _der(der, validity)[2]
+        tag, start, end = _der(der, not_before_end)
+        text = der[start:end].decode("ascii")
+        layout = "%y%m%d%H%M%SZ" if tag == 0x17 else "%Y%m%d%H%M%SZ"
+        return datetime.strptime(text, layout).replace(tzinfo=UTC)
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return None
+
+
+def _der(data: bytes, position: int) -> tuple[int, int, int]:
+    """The DER element at ``position``: its tag, where its content starts and ends."""
+    tag, length = data[position], data[position + 1]
+    position += 2
+    if length & 0x80:
+        count = length & 0x7F
+        length = int.from_bytes(data[position : position + count], "big")
+        position += count
+    if position + length > len(data):
+        raise ValueError("truncated DER")
+    return tag, position, position + length
 
 
 def _partitions(metadata: Any, topic: str) -> list[int] | None:

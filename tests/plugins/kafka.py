@@ -6,7 +6,11 @@ Fixtures:
   no-op when cached), starts a :class:`devenv.kafka.KafkaBroker` in a temp dir and returns once
   a transactional producer can commit on it; stopped at the end of the session. Use its
   ``bootstrap_servers`` or ``client_config()``; ``sasl_bootstrap_servers`` and
-  ``sasl_plain_users`` for a listener that needs SASL/PLAIN credentials.
+  ``sasl_plain_users`` for a listener that needs SASL/PLAIN credentials;
+  ``tls_bootstrap_servers`` (TLS) and ``mtls_bootstrap_servers`` (TLS with client
+  certificates) for listeners whose certificates ``kafka_tls_certs`` holds.
+* ``kafka_tls_certs`` (session): the CA and the broker's and clients' PEM files
+  (:func:`devenv.certs.make_certs`) of the session broker's TLS listeners.
 * ``kafka_topic_factory`` (function): ``make(partitions=1, *, prefix=None, config=None) -> name``
   creates a uniquely named topic (topics are never auto-created on this broker).
 * ``kafka_topic`` (function): one fresh single-partition topic's name.
@@ -25,6 +29,7 @@ from typing import Protocol
 
 import pytest
 
+from devenv.certs import Certs, make_certs
 from devenv.kafka import KafkaBroker
 
 
@@ -50,14 +55,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+def kafka_tls_certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    """The session broker's TLS material: a CA, its broker and client certificates, and more.
+
+    ``user`` (valid), ``expired`` (signed by the CA, expired) and ``other`` (signed by
+    ``other-ca``): see :mod:`devenv.certs`. Made with openssl in about a second.
+    """
+    return make_certs(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(
+    tmp_path_factory: pytest.TempPathFactory, kafka_tls_certs: Certs
+) -> Iterator[KafkaBroker]:
     """A running broker shared by the whole session (its log: ``kafka_broker.log_path``).
 
     Besides PLAINTEXT it listens with SASL/PLAIN (``sasl_bootstrap_servers``) for one
-    user with a random password (``sasl_plain_users``).
+    user with a random password (``sasl_plain_users``), and with TLS
+    (``tls_bootstrap_servers``) and mutual TLS (``mtls_bootstrap_servers``) with
+    ``kafka_tls_certs``' certificates: two more listeners cost the broker nothing
+    noticeable, a second broker would cost a JVM.
     """
     users = {"eop-test": uuid.uuid4().hex}
-    with KafkaBroker(tmp_path_factory.mktemp("kafka"), sasl_plain_users=users) as broker:
+    with KafkaBroker(
+        tmp_path_factory.mktemp("kafka"),
+        sasl_plain_users=users,
+        tls_certs=kafka_tls_certs.directory,
+    ) as broker:
         yield broker
 
 

@@ -8,14 +8,17 @@ the id committed, and in a new run after G was reset.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pytest
 
 from devenv.kafka import KafkaBroker
+from eop_spark.errors import PipelineFailed
 from eop_spark.offsets import Offsets, TopicPartition
 from eop_spark.progress import ProgressGroup
 from eop_spark.reset import commit_progress
@@ -44,7 +47,11 @@ class Partition:
 
     def rows(self, first: int, until: int) -> list[pa.RecordBatch]:
         """The source rows ``[first, until)`` as the transform hands them to the sink."""
-        offsets = list(range(first, until))
+        return self.batch(range(first, until))
+
+    def batch(self, offsets: Iterable[int]) -> list[pa.RecordBatch]:
+        """One Arrow batch of output rows, one per source offset given (repeats allowed)."""
+        offsets = list(offsets)
         return [
             pa.RecordBatch.from_pydict(
                 {
@@ -126,3 +133,65 @@ def test_a_new_run_reads_g_after_a_reset(partition: Partition) -> None:
     assert partition.commit("second", 0, 10) == "committed"
     assert partition.output() == sorted([*range(10), *range(10)])
     assert partition.progress() == {partition.tp: 10}
+
+
+#: Between two Arrow batches of a task: more than a third of the 1 s transaction timeout.
+PAUSE_S = 0.4
+
+
+def slow_task(
+    partition: Partition, *batches: list[int], fail: bool = True
+) -> Iterator[pa.RecordBatch]:
+    """A task's Arrow batches (source offsets each), :data:`PAUSE_S` apart; then it dies."""
+    for number, offsets in enumerate(batches):
+        if number:
+            time.sleep(PAUSE_S)
+        yield from partition.batch(offsets)
+    if fail:
+        raise RuntimeError("the task's executor died")
+
+
+def short_timeout(partition: Partition) -> PartitionTask:
+    """A task of the batch ``[0, 30)`` with a transaction timeout of 1 s."""
+    sink = dataclasses.replace(partition.sink, transaction_timeout="1s")
+    return PartitionTask(sink, {partition.tp: 30}, LAYOUT, "q:30", "run")
+
+
+def test_a_long_range_is_committed_in_parts_and_a_replay_repeats_none(
+    partition: Partition,
+) -> None:
+    task, tp = short_timeout(partition), partition.tp
+    dying = slow_task(partition, list(range(10)), list(range(10, 20)), list(range(20, 30)))
+    with pytest.raises(RuntimeError, match="executor died"):
+        commit_partition(task, tp, dying)
+    # Each batch after a pause committed what came before it; the last one was aborted.
+    assert partition.output() == list(range(20))
+    group = ProgressGroup(partition.sink.group, partition.sink.client_config)
+    try:
+        progress = group.read({tp})
+    finally:
+        group.close()
+    assert progress.offsets == {tp: 20}
+    assert progress.metadata[tp].rstrip("\0") == "q:30:partial"  # never taken for the batch
+    assert commit_partition(task, tp, partition.rows(0, 30)).status == "committed"
+    assert partition.output() == list(range(30))
+    assert partition.progress() == {tp: 30}
+
+
+def test_the_rows_of_one_source_record_are_never_split_by_a_commit(
+    partition: Partition,
+) -> None:
+    """Record 9 has two output rows, one at the end of a batch and one at the next's start."""
+    task, tp = short_timeout(partition), partition.tp
+    with pytest.raises(RuntimeError):
+        commit_partition(task, tp, slow_task(partition, list(range(10)), [9, 10, 11]))
+    commit_partition(task, tp, partition.batch([*range(10), 9, *range(10, 30)]))
+    assert partition.output() == sorted([*range(30), 9])
+
+
+def test_a_row_below_an_intermediate_commit_fails_the_task(partition: Partition) -> None:
+    task, tp = short_timeout(partition), partition.tp
+    with pytest.raises(PipelineFailed, match="in source offset order"):
+        rows = slow_task(partition, list(range(10)), list(range(10, 20)), [5], fail=False)
+        commit_partition(task, tp, rows)
+    assert partition.progress() == {tp: 10}

@@ -665,7 +665,7 @@ public final class PartitionedWriter {
   static TaskFailure failure(RuntimeException e, String what, long openedAt, Settings settings) {
     long openMs = (System.nanoTime() - openedAt) / 1_000_000L;
     long timeoutMs = settings.timeoutMs;
-    if (e instanceof TaskFailure || openMs < timeoutMs) {
+    if (!(e instanceof KafkaException) || openMs < timeoutMs) {
       return failure(e, what);
     }
     return new TaskFailure(
