@@ -213,7 +213,7 @@ def test_default_class_claim_binds_and_is_writable_as_uid_1000(
 # ----------------------------------------------------------------------------- operator
 
 
-def _pipeline(name: str, ns: str, broker: KafkaBroker, source: str, sink: str) -> dict[str, Any]:
+def _pipeline(name: str, ns: str, servers: str, source: str, sink: str) -> dict[str, Any]:
     return {
         "apiVersion": "exactlyonce.io/v1alpha1",
         "kind": "ExactlyOncePipeline",
@@ -223,13 +223,13 @@ def _pipeline(name: str, ns: str, broker: KafkaBroker, source: str, sink: str) -
             "imagePullPolicy": "Never",
             "source": {
                 "kafka": {
-                    "bootstrapServers": broker.bootstrap_servers,
+                    "bootstrapServers": servers,
                     "topics": [source],
                     "startingOffsets": "earliest",
                 }
             },
             "transform": {"sql": "SELECT key, value FROM source"},
-            "sink": {"kafka": {"bootstrapServers": broker.bootstrap_servers, "topic": sink}},
+            "sink": {"kafka": {"bootstrapServers": servers, "topic": sink}},
             "trigger": {"processingTime": "2s"},
             "spark": {"master": "local[1]", "driver": {"cores": 1, "memory": "512m"}},
             # No pod network here: the driver reaches the broker on 127.0.0.1. Half a core,
@@ -367,7 +367,7 @@ def test_operator_from_chart_runs_a_pipeline_exactly_once(
         second = [(f"k{i}", f"v{i}") for i in range(20, 40)]
         _produce(kafka_broker, source, first)
         pipeline = "e2e"
-        _create(e2e, _pipeline(pipeline, ns, kafka_broker, source, sink))
+        _create(e2e, _pipeline(pipeline, ns, kafka_broker.bootstrap_servers, source, sink))
         began = time.monotonic()
 
         def diagnostics() -> str:
@@ -474,7 +474,8 @@ def test_two_pipelines_run_at_once_on_the_one_node(
             sink = kafka_topic_factory(2, prefix=f"e2e-{name}-out")
             records = [(f"{name}{i}", f"v{i}") for i in range(30)]
             _produce(kafka_broker, source, records)
-            pipelines[name] = (sink, records, _pipeline(name, ns, kafka_broker, source, sink))
+            manifest = _pipeline(name, ns, kafka_broker.bootstrap_servers, source, sink)
+            pipelines[name] = (sink, records, manifest)
         began = time.monotonic()
         _create(e2e, *(manifest for _, _, manifest in pipelines.values()))
 
@@ -544,3 +545,58 @@ def test_two_pipelines_run_at_once_on_the_one_node(
             print(f"{name}: /metrics on host port {port}: {committed:.0f} batches committed")
         for name in pipelines:
             assert _driver_pod(e2e, ns, name)["status"]["phase"] == "Running", diagnostics()
+
+
+def test_what_keeps_a_driver_from_running_is_in_the_reason_column(
+    local_cluster: E2ECluster, e2e_namespace: str, tmp_path: Path
+) -> None:
+    """A real kubelet and scheduler: no pod network, an image that is not there, too much CPU."""
+    ns = e2e_namespace
+    nowhere = "127.0.0.1:9"  # never reached: none of these drivers starts
+    no_network = _pipeline("no-network", ns, nowhere, "in", "out")
+    no_network["spec"]["driver"]["hostNetwork"] = False
+    no_image = _pipeline("no-image", ns, nowhere, "in", "out")
+    no_image["spec"]["image"] = "localhost/eop-not-built:0"
+    for small in (no_network, no_image):  # both fit on the node next to the operator
+        small["spec"]["driver"]["resources"]["requests"]["cpu"] = "100m"
+    too_big = _pipeline("too-big", ns, nowhere, "in", "out")
+    too_big["spec"]["driver"]["resources"]["requests"]["cpu"] = "64"
+    expected = {
+        "no-network": ("SandboxFailed", "Degraded"),
+        "no-image": ("ImagePullFailed", "Degraded"),
+        "too-big": ("Unschedulable", "Pending"),
+    }
+
+    def reasons() -> dict[str, tuple[str, str]]:
+        found = {}
+        for item in _get(local_cluster, "eop", "-n", ns).get("items", []):
+            status = item.get("status", {})
+            conditions: list[dict[str, str]] = status.get("conditions", [])
+            ready = next((c for c in conditions if c["type"] == "Ready"), {})
+            found[item["metadata"]["name"]] = (ready.get("reason", ""), status.get("phase", ""))
+        return found
+
+    with _operator(local_cluster, ns, tmp_path):
+        local_cluster.cluster.apply(no_network, no_image, too_big)
+        _eventually(
+            lambda: reasons() == expected,
+            120,
+            lambda: (
+                f"the causes {expected}; seen {reasons()}\n"
+                + local_cluster.cluster.kubectl("get", "eop,pods", "-n", ns).stdout
+            ),
+        )
+        table = local_cluster.cluster.kubectl("get", "eop", "-n", ns, check=True).stdout
+        print(table)
+        for name, (reason, _) in expected.items():
+            row = next(line for line in table.splitlines() if line.startswith(name + " "))
+            assert reason in row.split(), table
+        messages = {
+            item["metadata"]["name"]: next(
+                c["message"] for c in item["status"]["conditions"] if c["type"] == "Ready"
+            )
+            for item in _get(local_cluster, "eop", "-n", ns)["items"]
+        }
+        print(json.dumps(messages, indent=1))
+        assert "localhost/eop-not-built:0" in messages["no-image"]
+        assert "Insufficient cpu" in messages["too-big"]
