@@ -148,3 +148,12 @@ def test_a_new_generation_the_runner_refuses_stops_for_good() -> None:
         assert reason is FailureReason.CONFIG_ERROR
         assert message.startswith("no progress in eop.ns.p for impressions-raw[2]")
     assert classify(Termination(4, missing))[0] is FailureReason.FAILED
+
+
+def test_a_driver_killed_before_its_line_is_read_from_its_last_log_record() -> None:
+    """FallbackToLogsOnError: the kubelet puts the last log lines in the message."""
+    record = '{"ts": 1795628865.2, "level": "info", "logger": "eop_spark.runner", "msg": "batch 7"}'
+    reason, message = classify(Termination(137, record))
+    assert reason is FailureReason.FAILED
+    assert message == "exit 137 without a message; last logged: batch 7"
+    assert classify(Termination(137, "OOMKilled"))[1] == "OOMKilled"

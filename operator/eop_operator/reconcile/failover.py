@@ -10,6 +10,7 @@ generation.
 from __future__ import annotations
 
 import datetime
+import json
 from dataclasses import dataclass
 
 from eop_operator.api.models import FailoverSpec, FailoverStatus
@@ -46,9 +47,28 @@ def parse_stamp(text: str) -> datetime.datetime:
 STOPPED_FOR_GOOD = frozenset({EXIT_CONFIG, EXIT_PROGRESS_MISSING, EXIT_STATE_LOST})
 
 
+def _logged(line: str) -> str | None:
+    """The ``msg`` of a JSON log line (``--log-format json``), if ``line`` is one."""
+    if not line.startswith("{"):
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return str(record["msg"]) if isinstance(record, dict) and "msg" in record else None
+
+
 def classify(termination: Termination) -> tuple[FailureReason, str]:
-    """The reason and message of a driver termination."""
+    """The reason and message of a driver termination.
+
+    A driver killed before it wrote its one line (SIGKILL after the grace
+    period, the OOM killer) has the last lines of its log as the message
+    (``FallbackToLogsOnError``): the JSON log record is read down to its text.
+    """
     reason, message = parse_failure_line(termination.message)
+    logged = _logged(message) if reason is None else None
+    if logged is not None:
+        message = f"exit {termination.exit_code} without a message; last logged: {logged}"
     if reason in (None, FailureReason.FAILED) and termination.exit_code in STOPPED_FOR_GOOD:
         reason = FailureReason.CONFIG_ERROR
     return reason or FailureReason.FAILED, message
