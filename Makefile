@@ -11,10 +11,12 @@ setup: .venv/.installed
 	bash devenv/setup.sh
 	touch $@
 
-## deps: setup + the real components the tests start: Kubernetes binaries, Kafka, Spark jars
+## deps: setup + the real components the tests start: Kubernetes binaries, Kafka, Spark jars,
+## the ecosystem's tools (kstatus, promtool, a PromQL parser, lua5.4)
 deps: setup
 	bash devenv/build-kube.sh
 	bash devenv/fetch-jars.sh
+	bash devenv/build-tools.sh
 
 ## crds: regenerate crds/, charts/eop/crds/ and docs/api.md from the pydantic models
 crds: setup

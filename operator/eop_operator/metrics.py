@@ -8,8 +8,9 @@ functions below, so metric names and labels live in one place:
 * :func:`record_upgrade` — a finished upgrade, its mode and how long it took
   (from the first stop to the new driver Ready);
 * :func:`set_phase` / :func:`forget` — the phase of each pipeline (the
-  ``eop_pipelines`` gauge counts pipelines by phase);
-* :func:`set_lag` — the pipeline's lag from the progress group;
+  ``eop_pipelines`` gauge counts pipelines by phase; ``eop_pipeline_phase`` is 1 for the
+  phase each pipeline is in and 0 for the others);
+* :func:`set_lag` — the pipeline's lag from the progress group, in total and by partition;
 * :func:`set_leader` — whether this replica holds the leader lease.
 
 :func:`serve` starts the endpoints in the operator's event loop before kopf
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -35,6 +37,18 @@ LAG = Gauge(
     "eop_pipeline_lag_records",
     "Source records not yet visible in the sink (from the progress group).",
     ["namespace", "pipeline"],
+    registry=REGISTRY,
+)
+PARTITION_LAG = Gauge(
+    "eop_partition_lag_records",
+    "Records of one source partition not yet visible in the sink (from the progress group).",
+    ["namespace", "pipeline", "topic", "partition"],
+    registry=REGISTRY,
+)
+PHASE = Gauge(
+    "eop_pipeline_phase",
+    "1 for the phase the pipeline is in, 0 for the other phases.",
+    ["namespace", "pipeline", "phase"],
     registry=REGISTRY,
 )
 RESTARTS = Counter(
@@ -61,6 +75,7 @@ LEADER = Gauge(
 )
 
 _phases: dict[tuple[str, str], str] = {}
+_partitions: dict[tuple[str, str], set[tuple[str, int]]] = {}
 _leader = {"now": False}
 
 
@@ -75,22 +90,52 @@ def set_phase(namespace: str, name: str, phase: str | None) -> None:
     """Record a pipeline's current phase (None: not reported yet, not counted)."""
     if phase is None:
         _phases.pop((namespace, name), None)
+        _forget_phase(namespace, name)
     else:
         _phases[(namespace, name)] = phase
+        for known in Phase:
+            PHASE.labels(namespace=namespace, pipeline=name, phase=known.value).set(
+                1 if known.value == phase else 0
+            )
     _recount()
+
+
+def _forget_phase(namespace: str, name: str) -> None:
+    for known in Phase:
+        with contextlib.suppress(KeyError):
+            PHASE.remove(namespace, name, known.value)
 
 
 def forget(namespace: str, name: str) -> None:
     """Drop a deleted pipeline from every per-pipeline metric except the counters."""
     _phases.pop((namespace, name), None)
     _recount()
+    _forget_phase(namespace, name)
     with contextlib.suppress(KeyError):
         LAG.remove(namespace, name)
+    _set_partitions(namespace, name, {})
 
 
-def set_lag(namespace: str, name: str, lag: int) -> None:
-    """Record a pipeline's total lag in records."""
+def _set_partitions(namespace: str, name: str, partitions: Mapping[tuple[str, int], int]) -> None:
+    for topic, partition in _partitions.pop((namespace, name), set()) - partitions.keys():
+        with contextlib.suppress(KeyError):
+            PARTITION_LAG.remove(namespace, name, topic, str(partition))
+    for (topic, partition), lag in partitions.items():
+        PARTITION_LAG.labels(
+            namespace=namespace, pipeline=name, topic=topic, partition=str(partition)
+        ).set(lag)
+    if partitions:
+        _partitions[(namespace, name)] = set(partitions)
+
+
+def set_lag(
+    namespace: str, name: str, lag: int, partitions: Mapping[tuple[str, int], int] | None = None
+) -> None:
+    """Record a pipeline's total lag in records and, if given, each partition's by
+    (topic, partition); partitions no longer given are dropped."""
     LAG.labels(namespace=namespace, pipeline=name).set(lag)
+    if partitions is not None:
+        _set_partitions(namespace, name, partitions)
 
 
 def record_restart(namespace: str, name: str, reason: str) -> None:

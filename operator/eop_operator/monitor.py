@@ -140,7 +140,12 @@ async def check_progress(
         ready_since=since,
     )
     await _patch_status(client, pipeline, progress_status(health, checked_at=observation.at))
-    metrics.set_lag(meta.namespace, meta.name, health.lag)
+    metrics.set_lag(
+        meta.namespace,
+        meta.name,
+        health.lag,
+        {(p.topic, p.partition): p.lag for p in observation.partitions},
+    )
     if health.stalled and not body.get("status", {}).get("upgrade"):
         await post_event(
             client,
