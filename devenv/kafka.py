@@ -12,7 +12,7 @@ Usage::
         producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
 
 For a shell: ``python -m devenv.kafka up --dir /tmp/kafka`` prints the bootstrap servers and
-runs until SIGINT/SIGTERM.
+runs until SIGINT/SIGTERM (``--tls``: TLS and mutual TLS listeners too, see devenv/certs.py).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from devenv.certs import make_certs
 from devenv.processes import die_with_parent, distinct_free_ports
 from devenv.versions import versions
 
@@ -715,6 +716,11 @@ def _up(argv: Sequence[str]) -> int:
     up = sub.add_parser("up", help="start a broker and run until SIGINT/SIGTERM")
     up.add_argument("--dir", required=True, type=Path, help="work dir (config, data, log)")
     up.add_argument("--heap", default="1g", help="broker JVM max heap (default 1g)")
+    up.add_argument(
+        "--tls",
+        action="store_true",
+        help="also listen with TLS and mutual TLS (certificates made in DIR/certs)",
+    )
     sub.add_parser("jars", help="fetch the jars and print the Spark connector jar paths")
     args = parser.parse_args(argv)
 
@@ -728,11 +734,18 @@ def _up(argv: Sequence[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     started = time.monotonic()
-    broker = KafkaBroker(args.dir, heap=args.heap).start()
+    certs = make_certs(args.dir / "certs").directory if args.tls else None
+    broker = KafkaBroker(args.dir, heap=args.heap, tls_certs=certs).start()
     try:
+        tls = (
+            f"TLS: {broker.tls_bootstrap_servers}, mutual TLS: {broker.mtls_bootstrap_servers} "
+            f"(CA and client certificates in {certs})\n"
+            if certs is not None
+            else ""
+        )
         print(
             f"Kafka {versions()['KAFKA_VERSION']} up in {time.monotonic() - started:.1f}s\n"
-            f"bootstrap servers: {broker.bootstrap_servers}\n"
+            f"bootstrap servers: {broker.bootstrap_servers}\n{tls}"
             f"log: {broker.log_path}\n"
             "Ctrl-C to stop.",
             flush=True,
