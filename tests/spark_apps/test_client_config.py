@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from devenv.certs import VALID_DAYS, make_certs
 from eop_spark.client_config import (
     SOURCE_FETCH_MAX_WAIT_MS,
     SOURCE_MAX_POLL_RECORDS,
@@ -25,6 +27,7 @@ from eop_spark.client_config import (
 )
 from eop_spark.config import RunConfig
 from eop_spark.errors import ConfigError
+from eop_spark.preflight import certificate_not_after
 from eop_spark.progress import consumer_config
 
 
@@ -304,3 +307,18 @@ def test_librdkafka_tls_settings_become_the_java_clients_pem_stores(tmp_path: Pa
     # librdkafka's "none" is the Java clients' empty algorithm (no host name check).
     none = java_client_properties({"ssl.endpoint.identification.algorithm": "none"})
     assert none == {"ssl.endpoint.identification.algorithm": ""}
+
+
+def test_a_client_certificates_expiry_is_read_from_its_pem(tmp_path: Path) -> None:
+    """What names an expired client certificate in the runner's failure line."""
+    certs = make_certs(tmp_path)
+    now = datetime.now(UTC)
+    valid = certificate_not_after(certs.text("user.crt"))
+    expired = certificate_not_after(certs.text("expired.crt"))
+    assert valid is not None and valid - now > timedelta(days=VALID_DAYS - 1)
+    assert expired is not None and timedelta(0) < now - expired < timedelta(days=2)
+    # The first certificate of a chain counts; anything else is unreadable.
+    chain = certs.text("expired.crt") + certs.text("ca.crt")
+    assert certificate_not_after(chain) == expired
+    assert certificate_not_after(certs.text("user.key")) is None
+    assert certificate_not_after("-----BEGIN CERTIFICATE-----AAAA-----END CERTIFICATE-----") is None
