@@ -174,7 +174,9 @@ class SpecModel(BaseModel):
 #: What a Secret of client properties holds (the secretRef fields' descriptions).
 SECRET_KEYS = (
     "one key per property. librdkafka's sasl.username and sasl.password (with sasl.mechanism "
-    "PLAIN or SCRAM-SHA-256/512) serve the Java clients too, as their sasl.jaas.config."
+    "PLAIN or SCRAM-SHA-256/512) serve the Java clients too, as their sasl.jaas.config. "
+    "A Strimzi-style TLS Secret (ca.crt, user.crt, user.key) serves every client: PEM for "
+    "librdkafka, PEM stores for the Java clients (set security.protocol SSL in options)."
 )
 
 
