@@ -7,8 +7,8 @@ It writes ``status.lag`` and ``status.progress``, and restarts a stalled
 driver by deleting its pod (the StatefulSet recreates it) with a
 ``RestartStalled`` Warning event.
 
-While a pipeline is suspended and no driver pod exists, the daemon keeps
-its progress group from expiring instead (``health.keep_alive``).
+While no driver container runs (suspended, crash loop, scaled to zero), the
+daemon also keeps its progress group from expiring (``health.keep_alive``).
 
 A pipeline is never restarted while it is suspended, while its driver is not
 Ready (a starting driver commits nothing yet) or while an upgrade is in
@@ -31,7 +31,7 @@ from eop_operator import API_VERSION, GROUP, KIND, PLURAL, VERSION, metrics
 from eop_operator.api.load import InvalidPipeline, load_pipeline
 from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.api.resolve import IdentityChanged, resolve_identity
-from eop_operator.health.keep_alive import RefreshSchedule, keep_progress_alive
+from eop_operator.health.keep_alive import RefreshSchedule, driver_runs, keep_progress_alive
 from eop_operator.health.progress import ProgressUnavailable, kafka_access, observe_progress
 from eop_operator.health.stall import Health, ProgressHistory, assess, observe
 from eop_operator.kube.client import KubeClient, KubeError
@@ -97,7 +97,7 @@ class ProgressWatch:
     history: ProgressHistory | None = None
     #: When the daemon last restarted the driver (epoch seconds).
     restarted_at: float | None = None
-    #: The progress group's refreshes while suspended (see health.keep_alive).
+    #: The progress group's refreshes while no driver runs (see health.keep_alive).
     refresh: RefreshSchedule = field(default_factory=RefreshSchedule)
 
 
@@ -193,7 +193,6 @@ async def _watch_once(
     interval = duration_ms(pipeline.spec.health.check_interval) / 1000
     deleting = bool(body.metadata.get("deletionTimestamp"))
     if not pipeline.spec.suspend and not deleting:
-        watch.refresh = RefreshSchedule()  # a runner keeps G alive; a new suspension starts over
         try:
             await check_progress(memo.client, body, pipeline, watch)
         except (KubeError, OSError) as exc:
@@ -201,25 +200,26 @@ async def _watch_once(
     else:
         # A resumed pipeline gets a fresh window.
         watch.history, watch.restarted_at = None, None
-        if not deleting:
-            try:
-                await keep_suspended_alive(memo.client, pipeline, watch)
-            except (KubeError, OSError) as exc:
-                log.warning("keeping %s's progress failed: %s", pipeline.pipeline_id, exc)
-            interval = min(interval, watch.refresh.interval_s or interval)
+    if not deleting:
+        try:
+            await keep_alive_without_driver(memo.client, pipeline, watch)
+        except (KubeError, OSError) as exc:
+            log.warning("keeping %s's progress failed: %s", pipeline.pipeline_id, exc)
+        interval = min(interval, watch.refresh.interval_s or interval)
     await stopped.wait(interval)
 
 
-async def keep_suspended_alive(
+async def keep_alive_without_driver(
     client: KubeClient, pipeline: ExactlyOncePipeline, watch: ProgressWatch
 ) -> None:
-    """Refresh a suspended pipeline's progress group when due, if no driver pod exists.
+    """Refresh a pipeline's progress group when due, if no container of its driver runs.
 
+    Suspended, crash-looping, scaled to zero: see ``health.keep_alive.driver_runs``.
     A failure is written to ``status.progress.message`` and tried again at the next check.
     """
     meta = pipeline.metadata
-    if await client.get("v1", "Pod", meta.namespace, driver_pod_name(pipeline)) is not None:
-        return  # still stopping: its runner may commit; try at the next check
+    if driver_runs(await client.get("v1", "Pod", meta.namespace, driver_pod_name(pipeline))):
+        return  # its runner keeps G alive (a stopping one may still commit)
     try:
         access = await kafka_access(client, pipeline)
         await keep_progress_alive(access, pipeline, watch.refresh)
@@ -227,5 +227,5 @@ async def keep_suspended_alive(
         await _patch_status(
             client,
             pipeline,
-            {"progress": {"message": f"suspended: {exc}", "checkedAt": _stamp(time.time())}},
+            {"progress": {"message": f"no driver runs: {exc}", "checkedAt": _stamp(time.time())}},
         )

@@ -335,7 +335,11 @@ def test_a_suspended_pipelines_progress_outlives_the_retention(
     short_retention_broker: KafkaBroker,
     operator: OperatorProcess,
 ) -> None:
-    """No driver runs, yet the operator keeps G: a pipeline may stay suspended for weeks."""
+    """No driver runs, yet the operator keeps G: a pipeline may stay suspended for weeks.
+
+    The same for a pipeline that is not suspended but whose driver pod runs no container
+    (a crash loop; here no kubelet ever starts it), in the same minute.
+    """
     cp, ns, broker = control_plane, kube_namespace, short_retention_broker
     name, topic, other = "resting", "in-resting", "in-unwatched"
     broker.create_topic(topic, 2)
@@ -348,7 +352,16 @@ def test_a_suspended_pipelines_progress_outlives_the_retention(
     manifest = pipeline(name, broker, topic, checkInterval="5s")
     manifest["spec"]["suspend"] = True
     _apply(cp, ns, manifest)
+    stuck, stuck_topic = "crashing", "in-crashing"
+    broker.create_topic(stuck_topic, 1)
+    produce(broker, stuck_topic, {0: 4})
+    commit(broker, f"eop.{ns}.{stuck}", stuck_topic, {0: 4})
+    kafka_secret(cp, ns, stuck)
+    _apply(cp, ns, pipeline(stuck, broker, stuck_topic, checkInterval="5s"))
+    wait_for(lambda: pod(cp, ns, f"{stuck}-driver-0"), "the crashing pipeline's driver pod")
 
     time.sleep(RETENTION_S + 25)
     assert committed(broker, "eop.unwatched", other, 1) == {}  # the broker does expire
     assert committed(broker, group, topic, 2) == {0: 5, 1: 3}
+    assert committed(broker, f"eop.{ns}.{stuck}", stuck_topic, 1) == {0: 4}
+    assert pod(cp, ns, f"{stuck}-driver-0") is not None  # its pod was there all along

@@ -1,6 +1,6 @@
 """Health from progress, the pure parts: lag, worst partitions, input rate, stall verdicts,
 which partitions a pipeline reads and where unseen ones start, secret redaction, the leader
-lease rules and the operator's metrics.
+lease rules, the operator's metrics, and when the operator keeps a progress group alive.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 
 from eop_operator import metrics
 from eop_operator.api.load import load_pipeline
+from eop_operator.health.keep_alive import driver_runs
 from eop_operator.health.progress import (
     KafkaAccess,
     ProgressUnavailable,
@@ -343,3 +344,29 @@ def test_endpoint_urls() -> None:
     )
     with pytest.raises(ValueError, match="HOST:PORT"):
         metrics.Endpoint.parse("tcp://x")
+
+
+def _driver_pod(**status: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "p-driver-0"}, "status": status}
+
+
+_RUNNING = {"name": "driver", "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}
+_BACKOFF = {"name": "driver", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}
+
+
+@pytest.mark.parametrize(
+    ("pod", "runs"),
+    [
+        (None, False),  # suspended, or the StatefulSet scaled to zero
+        (_driver_pod(phase="Pending"), False),  # not scheduled or not started
+        (_driver_pod(phase="Running", containerStatuses=[_BACKOFF]), False),  # crash loop
+        (_driver_pod(phase="Running", containerStatuses=[{"state": {"terminated": {}}}]), False),
+        (_driver_pod(phase="Running", containerStatuses=[_RUNNING]), True),
+        (_driver_pod(phase="Pending", initContainerStatuses=[_RUNNING]), True),
+        (_driver_pod(conditions=[{"type": "Ready", "status": "True"}]), True),
+    ],
+)
+def test_the_operator_refreshes_progress_only_while_no_driver_container_runs(
+    pod: dict[str, Any] | None, runs: bool
+) -> None:
+    assert driver_runs(pod) is runs

@@ -1,6 +1,7 @@
-"""Keep a suspended pipeline's progress from expiring (invariant 6).
+"""Keep the progress of a pipeline whose driver does not run from expiring (invariant 6).
 
-While a pipeline is suspended no runner commits to its progress group ``G``,
+While no driver container runs (suspended, crash-looping, StatefulSet scaled
+to zero, pod not scheduled) no runner commits to its progress group ``G``,
 and Kafka expires each offset of a member-less group
 ``offsets.retention.minutes`` after its last commit.  The operator's health
 daemon re-commits ``G`` then, as the runner does between batches (see
@@ -9,7 +10,10 @@ brokers report, the same offsets and commit metadata, inside a transaction.
 
 Why it is safe (docs/exactly-once.md, "Failure modes and their guards"):
 
-* it runs only while the spec says suspended AND no driver pod exists;
+* it runs only while no container of the driver pod runs (or no pod exists):
+  :func:`driver_runs`; a status the kubelet has not updated yet can at worst
+  fence a runner that just started (it fails its batch and restarts), never
+  change ``G``, by the next two points;
 * its producer takes ``<prefix>.driver`` and then initialises every partition
   id before it reads ``G``: a zombie runner of either commit mode is fenced
   and its open transaction aborted, so the stable read sees settled offsets;
@@ -24,7 +28,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.api.resolve import resolve_identity
@@ -43,9 +49,26 @@ from eop_spark.sink_settings import SinkSettings
 log = logging.getLogger(__name__)
 
 
+def driver_runs(pod: Mapping[str, Any] | None) -> bool:
+    """Whether a container of the driver pod runs (or its pod is Ready): then never refresh.
+
+    A pod that exists with no running container (waiting in CrashLoopBackOff,
+    terminated, not scheduled or not started yet) does not run a runner.
+    """
+    if pod is None:
+        return False
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "Ready" and condition.get("status") == "True":
+            return True
+    containers = [*(status.get("initContainerStatuses") or [])]
+    containers += status.get("containerStatuses") or []
+    return any("running" in (c.get("state") or {}) for c in containers)
+
+
 @dataclass
 class RefreshSchedule:
-    """When a suspended pipeline's progress was last refreshed, and how often it must be."""
+    """When the operator last refreshed a pipeline's progress, and how often it must."""
 
     interval_s: float | None = None
     refreshed_at: float | None = None
@@ -105,7 +128,7 @@ async def keep_progress_alive(
     refreshed = await asyncio.to_thread(refresh_suspended_progress, access, pipeline)
     schedule.refreshed_at = time.time()
     log.info(
-        "suspended pipeline %s: progress of %d partitions refreshed",
+        "pipeline %s without a running driver: progress of %d partitions refreshed",
         pipeline.pipeline_id,
         len(refreshed),
     )
