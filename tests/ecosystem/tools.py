@@ -83,32 +83,30 @@ def argocd_health(obj: dict[str, Any], script: Path = HEALTH_LUA) -> tuple[str, 
     return status, message
 
 
-def kstatus(obj: dict[str, Any]) -> tuple[str, str]:
-    """sigs.k8s.io/cli-utils kstatus's verdict on ``obj``: (status, message)."""
+def _json_tool(name: str, data: Any, *, ok: tuple[int, ...] = (0,)) -> Any:
+    """Run a Go tool with ``data`` as JSON on stdin; its JSON answer."""
     result = subprocess.run(
-        [str(tool("kstatus-check"))],
-        input=json.dumps(obj),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    verdict = json.loads(result.stdout)
-    return verdict["status"], verdict["message"]
-
-
-def promql_metrics(exprs: list[str]) -> list[dict[str, Any]]:
-    """Each expression parsed by Prometheus's parser: {"expr", "metrics", "error"}."""
-    result = subprocess.run(
-        [str(tool("promql-check"))],
-        input=json.dumps(exprs),
+        [str(tool(name))],
+        input=json.dumps(data),
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    assert result.returncode in (0, 1), result.stderr
-    return list(json.loads(result.stdout))
+    assert result.returncode in ok, f"{name}: {result.stderr}"
+    return json.loads(result.stdout)
+
+
+def kstatus(obj: dict[str, Any]) -> tuple[str, str]:
+    """sigs.k8s.io/cli-utils kstatus's verdict on ``obj``: (status, message)."""
+    verdict = _json_tool("kstatus-check", obj)
+    return verdict["status"], verdict["message"]
+
+
+def promql_metrics(exprs: list[str]) -> list[dict[str, Any]]:
+    """Each expression parsed by Prometheus's parser: {"expr", "metrics", "error"}
+    (the tool exits 1 when one does not parse)."""
+    return list(_json_tool("promql-check", exprs, ok=(0, 1)))
 
 
 def exported_metrics() -> set[str]:
