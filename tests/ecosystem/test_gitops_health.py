@@ -24,7 +24,7 @@ from tests.integration.test_health import mark_ready, produce, restart_events
 from tests.integration.test_lifecycle import Pipeline
 from tests.plugins.kafka import TopicFactory
 
-pytestmark = [pytest.mark.kube, pytest.mark.kafka]
+pytestmark = [pytest.mark.kube, pytest.mark.kafka, pytest.mark.ecosystem]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,11 +14,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 from tests.charts.test_chart import Helm, render
 from tests.ecosystem.tools import exported_metrics, promql_metrics, series_names, tool
+
+pytestmark = pytest.mark.ecosystem
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "eop"
