@@ -28,7 +28,7 @@ from devenv.kafka import KafkaBroker
 from devenv.kube import ControlPlane
 from tests.integration.operators import OperatorProcess, install_chart
 from tests.integration.test_operator_on_apiserver import _apply, _events, get, wait_for
-from tests.plugins.kafka import TopicFactory
+from tests.plugins.kafka import SHORT_RETENTION_S, TopicFactory
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
@@ -301,18 +301,6 @@ def test_a_stalled_driver_is_restarted(
     assert len(restart_events(cp, ns, name)) == 1
 
 
-#: The short-retention broker's ``offsets.retention.minutes``, in seconds.
-RETENTION_S = 60
-
-
-@pytest.fixture(scope="module")
-def short_retention_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    """A broker that expires a member-less group's offsets a minute after their last commit."""
-    overrides = {"offsets.retention.minutes": "1", "offsets.retention.check.interval.ms": "2000"}
-    with KafkaBroker(tmp_path_factory.mktemp("retention"), overrides=overrides) as broker:
-        yield broker
-
-
 def committed(broker: KafkaBroker, group: str, topic: str, partitions: int) -> dict[int, int]:
     """``group``'s stable committed offsets of ``topic`` (partitions it has none for are absent)."""
     from confluent_kafka import Consumer, TopicPartition
@@ -360,7 +348,7 @@ def test_a_suspended_pipelines_progress_outlives_the_retention(
     _apply(cp, ns, pipeline(stuck, broker, stuck_topic, checkInterval="5s"))
     wait_for(lambda: pod(cp, ns, f"{stuck}-driver-0"), "the crashing pipeline's driver pod")
 
-    time.sleep(RETENTION_S + 25)
+    time.sleep(SHORT_RETENTION_S + 25)
     assert committed(broker, "eop.unwatched", other, 1) == {}  # the broker does expire
     assert committed(broker, group, topic, 2) == {0: 5, 1: 3}
     assert committed(broker, f"eop.{ns}.{stuck}", stuck_topic, 1) == {0: 4}

@@ -14,6 +14,9 @@ Fixtures:
 * ``kafka_topic_factory`` (function): ``make(partitions=1, *, prefix=None, config=None) -> name``
   creates a uniquely named topic (topics are never auto-created on this broker).
 * ``kafka_topic`` (function): one fresh single-partition topic's name.
+* ``short_retention_broker`` (module): another broker that expires a member-less group's
+  committed offsets ``SHORT_RETENTION_S`` (a minute, the least Kafka accepts) after their last
+  commit, checking every 2 s.
 
 Nothing is fetched or started unless a test requests one of them. Tests using them should be
 marked ``@pytest.mark.kafka`` (tests that request ``kafka_broker`` get the mark automatically,
@@ -45,6 +48,10 @@ class TopicFactory(Protocol):
     ) -> str:
         """Create a uniquely named topic on the session broker and return its name."""
         ...
+
+
+#: ``short_retention_broker``'s ``offsets.retention.minutes``, in seconds.
+SHORT_RETENTION_S = 60
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -109,3 +116,14 @@ def kafka_topic_factory(kafka_broker: KafkaBroker, request: pytest.FixtureReques
 def kafka_topic(kafka_topic_factory: TopicFactory) -> str:
     """The name of a fresh single-partition topic."""
     return kafka_topic_factory(1)
+
+
+@pytest.fixture(scope="module")
+def short_retention_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A broker that expires a member-less group's offsets a minute after their last commit."""
+    overrides = {
+        "offsets.retention.minutes": str(SHORT_RETENTION_S // 60),
+        "offsets.retention.check.interval.ms": "2000",
+    }
+    with KafkaBroker(tmp_path_factory.mktemp("retention"), overrides=overrides) as broker:
+        yield broker

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from eop_operator.api.load import load_pipeline
 from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.health.keep_alive import refresh_suspended_progress
 from eop_operator.health.progress import KafkaAccess, read_offsets
+from tests.plugins.kafka import SHORT_RETENTION_S
 from tests.spark_apps.harness import (
     Pipeline,
     Runner,
@@ -37,22 +37,11 @@ from tests.spark_apps.harness import (
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 
 #: The broker's retention: the smallest Kafka accepts.
-RETENTION_S = 60
+RETENTION_S = SHORT_RETENTION_S
 #: How long the pipelines idle: past the retention and the broker's next expiry check.
 IDLE_S = RETENTION_S + 20
 RECORDS = 300
 PARTITIONS = 3
-
-
-@pytest.fixture(scope="module")
-def short_retention_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    """A broker that expires a member-less group's offsets a minute after their last commit."""
-    overrides = {
-        "offsets.retention.minutes": "1",
-        "offsets.retention.check.interval.ms": "2000",
-    }
-    with KafkaBroker(tmp_path_factory.mktemp("retention"), overrides=overrides) as broker:
-        yield broker
 
 
 def _pipeline(broker: KafkaBroker, work: Path, name: str) -> Pipeline:
