@@ -35,8 +35,8 @@ EXPECTED = {
     "upgrading": ("Progressing", "InProgress"),
     # kstatus falls back to Ready (False): a settled suspension still reads InProgress.
     "suspended": ("Suspended", "InProgress"),
-    # Degraded but not Stalled (the operator keeps acting): kstatus reads Ready, InProgress.
-    "crash-loop": ("Degraded", "InProgress"),
+    # Degraded is Stalled: kstatus reads Failed at once.
+    "crash-loop": ("Degraded", "Failed"),
     "invalid": ("Degraded", "Failed"),
     "stalled": ("Progressing", "InProgress"),
 }

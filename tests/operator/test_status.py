@@ -260,3 +260,24 @@ def test_claim_states() -> None:
     assert ClaimState.of({"metadata": {}, "status": {"phase": "Bound"}}) is ClaimState.BOUND
     assert ClaimState.of({"metadata": {}, "status": {}}) is ClaimState.PENDING
     assert ClaimState.MISSING.gone and ClaimState.DELETING.gone and not ClaimState.LOST.gone
+
+
+def test_every_degraded_pipeline_is_stalled_for_gitops_tools() -> None:
+    # kstatus (Flux, kubectl wait tooling) reads Stalled=True as Failed: a crash loop must not
+    # read InProgress until a health-check timeout runs out.
+    verdict = lifecycle_verdict(
+        suspend=False,
+        driver=STARTING,
+        degraded=("CrashLoop", "eop: error: the sink Kafka cluster refused the login"),
+        upgrading=None,
+    )
+    patch = status_patch(verdict, previous=PipelineStatus(), generation=2, ready="0/1", now="T")
+    conditions = _conditions(patch)
+    assert conditions["Stalled"]["status"] == "True"
+    assert conditions["Reconciling"]["status"] == "False"
+    assert "refused the login" in conditions["Stalled"]["message"]
+    healthy = judge(suspend=False, driver=RUNNING, error=None)
+    healthy_patch = status_patch(
+        healthy, previous=PipelineStatus(), generation=2, ready="1/1", now="T"
+    )
+    assert _conditions(healthy_patch)["Stalled"]["status"] == "False"

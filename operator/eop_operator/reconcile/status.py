@@ -324,7 +324,10 @@ def conditions(
     previous: list[Condition], verdict: Verdict, *, generation: int | None, now: str
 ) -> list[Condition]:
     """All conditions for a verdict, keeping transition times of unchanged ones."""
-    stalled = verdict.degraded and verdict.reason == "InvalidSpec"
+    # kstatus, Flux and Argo CD's generic health read Stalled as "Failed": every Degraded
+    # verdict needs a person (a crash loop, a refused generation, an invalid spec), so a
+    # GitOps tool reports it at once instead of when its health-check timeout runs out.
+    stalled = verdict.degraded
     table = [
         (READY, verdict.ready),
         (PROGRESSING, verdict.progressing),
