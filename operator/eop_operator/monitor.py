@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,7 @@ from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.api.resolve import IdentityChanged, resolve_identity
 from eop_operator.health.keep_alive import RefreshSchedule, driver_runs, keep_progress_alive
 from eop_operator.health.progress import ProgressUnavailable, kafka_access, observe_progress
-from eop_operator.health.stall import Health, ProgressHistory, assess, observe
+from eop_operator.health.stall import Health, Observation, ProgressHistory, assess, observe
 from eop_operator.kube.client import KubeClient, KubeError
 from eop_operator.kube.events import post_event
 from eop_operator.render.naming import driver_pod_name
@@ -90,6 +91,36 @@ def progress_status(health: Health, *, checked_at: float) -> dict[str, Any]:
     }
 
 
+def held_partitions(
+    previous: Mapping[str, list[int]], observation: Observation
+) -> dict[str, list[int]] | None:
+    """``previous`` plus the partitions ``G`` holds now, per topic; None when nothing is new."""
+    held = {topic: set(partitions) for topic, partitions in previous.items()}
+    for topic, partition in observation.committed():
+        held.setdefault(topic, set()).add(partition)
+    merged = {topic: sorted(partitions) for topic, partitions in sorted(held.items())}
+    return None if merged == {t: sorted(p) for t, p in previous.items()} else merged
+
+
+def lost_progress(
+    held: Mapping[str, list[int]], observation: Observation, group: str
+) -> str | None:
+    """A status message when ``G`` lacks a partition it held before (expired or deleted)."""
+    lost = [
+        f"{p.topic}-{p.partition}"
+        for p in observation.partitions
+        if p.committed is None and p.partition in held.get(p.topic, ())
+    ]
+    if not lost:
+        return None
+    return (
+        f"progress group {group} has no committed offset for {', '.join(lost)}, which it held "
+        "before (expired after the broker's offsets.retention.minutes, or deleted): a new "
+        "checkpoint generation would stop; restore the offsets with kafka-consumer-groups "
+        f"--reset-offsets --group {group}"
+    )
+
+
 @dataclass
 class ProgressWatch:
     """What one pipeline's daemon remembers between checks."""
@@ -139,7 +170,13 @@ async def check_progress(
         stall_timeout=duration_ms(pipeline.spec.health.stall_timeout) / 1000,
         ready_since=since,
     )
-    await _patch_status(client, pipeline, progress_status(health, checked_at=observation.at))
+    status = progress_status(health, checked_at=observation.at)
+    before = pipeline.status.progress.held_partitions if pipeline.status.progress else {}
+    held = held_partitions(before, observation)
+    if held is not None:
+        status["progress"]["heldPartitions"] = held
+    status["progress"]["message"] = lost_progress(held or before, observation, group)
+    await _patch_status(client, pipeline, status)
     metrics.set_lag(
         meta.namespace,
         meta.name,

@@ -49,6 +49,11 @@ class RunConfig(SpecModel):
     )
     sink_secret_dir: str | None = None
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    committed_partitions: dict[str, list[int]] | None = Field(
+        default=None,
+        description="Per source topic, the partitions the operator saw the progress group hold: "
+        "a new generation refuses to start one that the group lacks (see eop_spark.generations).",
+    )
     reset_progress: bool | None = Field(
         default=None,
         description="A stateless generation: before its first batch, set the progress group "

@@ -10,7 +10,9 @@ from Kafka or Spark, and this module turns both into a stop with one line:
   hand.  Starting it at ``startingOffsets`` would repeat (earliest) or skip
   (latest) output.  The record of "committed before" is the earlier
   generations' offsets logs under the checkpoint root: a completed batch whose
-  end offset for a partition is past where that generation started it.
+  end offset for a partition is past where that generation started it; and,
+  for a lost checkpoint root, the partitions the operator saw ``G`` hold
+  (``RunConfig.committed_partitions``).
 * **State lost** (invariant 8): a stateful query (aggregation, time window,
   deduplication, stream-stream join) that starts a new generation while ``G``
   holds progress resumes input from ``G`` with empty state: windows open at
@@ -86,12 +88,14 @@ def check_progress_kept(
     earlier: EarlierProgress,
     committed: Mapping[TopicPartition, int],
     partitions: Iterable[TopicPartition],
-) -> Offsets:
-    """Raise :class:`ProgressMissing` unless G holds every partition an earlier generation read.
+) -> list[TopicPartition]:
+    """Raise :class:`ProgressMissing` unless G holds every partition it held before.
 
-    Returns the missing partitions with the offsets earlier generations reached
-    (empty when nothing is missing, or when the spec opts in to start them at
-    ``startingOffsets``).
+    "Held before": an earlier generation's offsets log says it read the
+    partition, or the operator saw ``G`` hold it (``config.committed_partitions``:
+    the only record left when the checkpoint root was lost).  Returns the
+    missing partitions (empty when nothing is missing, or when the spec opts in
+    to start them at ``startingOffsets``).
     """
     current = set(partitions)
     missing = {
@@ -99,16 +103,27 @@ def check_progress_kept(
         for tp, offset in sorted(earlier.offsets.items())
         if tp in current and tp not in committed
     }
-    if not missing or config.source.kafka.allow_missing_progress:
-        return missing
-    names = ", ".join(f"{t}-{p}" for t, p in missing)
-    generations = ", ".join(f"gen-{k}" for k in sorted({earlier.generation[tp] for tp in missing}))
+    seen = {(t, p) for t, ps in (config.committed_partitions or {}).items() for p in ps}
+    only_seen = sorted(tp for tp in seen & current if tp not in committed and tp not in missing)
+    lost = sorted([*missing, *only_seen])
+    if not lost or config.source.kafka.allow_missing_progress:
+        return lost
+    names = ", ".join(f"{t}-{p}" for t, p in lost)
+    sources = []
+    if missing:
+        generations = ", ".join(
+            f"gen-{k}" for k in sorted({earlier.generation[tp] for tp in missing})
+        )
+        sources.append(f"{generations} committed before")
+    if only_seen:
+        sources.append("the operator saw it hold before (status.progress.heldPartitions)")
+    restore = f"; earlier generations had read to {to_spark_json(missing)}" if missing else ""
     raise ProgressMissing(
         f"new checkpoint generation {config.generation}: progress group {config.progress_group} "
-        f"has no committed offset for {names}, which {generations} committed before (expired "
+        f"has no committed offset for {names}, which {' and '.join(sources)} (expired "
         "after the broker's offsets.retention.minutes, or deleted); starting at startingOffsets "
         "would repeat or skip output. Restore the offsets (kafka-consumer-groups --reset-offsets "
-        f"--group {config.progress_group}; {generations} had read to {to_spark_json(missing)}) "
+        f"--group {config.progress_group}{restore}) "
         "or set spec.source.kafka.allowMissingProgress: true to start them at startingOffsets"
     )
 

@@ -191,6 +191,7 @@ def test_lag_in_status_matches_kafka_consumer_groups(
     ]
     assert [p["partition"] for p in progress["worstPartitions"]] == [0, 1, 2]
     assert "message" not in progress  # nothing went wrong reading the offsets
+    assert progress["heldPartitions"] == {topic: [0, 1, 2, 3]}  # what G has held
 
     # Input arrives: the end offsets and the input rate follow; G moves: so does the lag.
     produce(kafka_broker, topic, {3: 50})
@@ -207,6 +208,30 @@ def test_lag_in_status_matches_kafka_consumer_groups(
     wait_for(lambda: status(cp, ns, name)["progress"].get("inputRate"), "an input rate")
     lag_metric = f'eop_pipeline_lag_records{{namespace="{ns}",pipeline="{name}"}}'
     wait_for(lambda: operator.metric(lag_metric) == 50, "the lag metric")
+
+    # G loses a partition it held (deleted here; expiry looks the same): the status names it.
+    subprocess.run(
+        [
+            "java",
+            "-cp",
+            f"{kafka_broker.libs}/*",
+            "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+            "--bootstrap-server",
+            kafka_broker.bootstrap_servers,
+            "--delete-offsets",
+            "--group",
+            group,
+            "--topic",
+            f"{topic}:3",
+        ],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    message = wait_for(
+        lambda: status(cp, ns, name)["progress"].get("message"), "the lost partition in status"
+    )
+    assert f"no committed offset for {topic}-3, which it held before" in message
 
 
 def test_missing_kafka_secret_is_a_status_message(

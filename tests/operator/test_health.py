@@ -32,7 +32,7 @@ from eop_operator.health.stall import (
     worst_partitions,
 )
 from eop_operator.kube.lease import LeaseAction, LeaseRecord, decide
-from eop_operator.monitor import progress_status, ready_since
+from eop_operator.monitor import held_partitions, lost_progress, progress_status, ready_since
 from eop_spark.spec import KafkaSource
 
 WINDOW = 300.0
@@ -370,3 +370,24 @@ def test_the_operator_refreshes_progress_only_while_no_driver_container_runs(
     pod: dict[str, Any] | None, runs: bool
 ) -> None:
     assert driver_runs(pod) is runs
+
+
+def test_the_partitions_progress_held_are_recorded_and_their_loss_is_named() -> None:
+    def seen(*committed: int | None) -> Observation:
+        return Observation(
+            at=0.0,
+            partitions=tuple(
+                PartitionOffsets("in", p, c, end=9, start=0) for p, c in enumerate(committed)
+            ),
+        )
+
+    held = held_partitions({}, seen(4, None, 2))
+    assert held == {"in": [0, 2]}
+    assert lost_progress(held, seen(4, None, 2), "eop.ns.p") is None
+    assert held_partitions(held, seen(5, None, 3)) is None  # nothing new: no status write
+    assert held_partitions(held, seen(5, 1, 3)) == {"in": [0, 1, 2]}
+    # Expired or deleted: named, with the way out.
+    message = lost_progress(held, seen(None, None, 3), "eop.ns.p")
+    assert message is not None
+    assert "eop.ns.p has no committed offset for in-0, which it held before" in message
+    assert "--reset-offsets --group eop.ns.p" in message

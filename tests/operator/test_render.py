@@ -36,6 +36,16 @@ def _hash(manifest: dict[str, Any]) -> str:
     ).spec_hash
 
 
+def test_the_partitions_g_held_reach_the_runner_without_restarting_the_driver(
+    manifest: dict[str, Any],
+) -> None:
+    before = _hash(manifest)
+    manifest["status"] = {"progress": {"heldPartitions": {"in": [0, 2]}}}
+    run = json.loads(_objects(manifest)["ConfigMap"]["data"]["run.json"])
+    assert run["committedPartitions"] == {"in": [0, 2]}  # a new generation's guard reads it
+    assert _hash(manifest) == before  # the status grew: the running driver is not rolled
+
+
 def test_children_are_owned_and_labelled(manifest: dict[str, Any]) -> None:
     objects = _objects(manifest)
     assert set(objects) == {"ConfigMap", "PersistentVolumeClaim", "Service", "StatefulSet"}

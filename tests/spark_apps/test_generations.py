@@ -77,12 +77,25 @@ def test_missing_progress_names_the_partitions_and_the_way_out(tmp_path: Path) -
     assert "allowMissingProgress" in message and "\n" not in message
     assert (
         check_progress_kept(config(tmp_path, 1), earlier, {("in", 0): 4, ("in", 1): 5}, partitions)
-        == {}
+        == []
     )
     # Opted in: the missing ones start at startingOffsets; a partition no longer read is not asked.
     opted = config(tmp_path, 1, allowMissingProgress=True)
-    assert check_progress_kept(opted, earlier, {}, partitions) == {("in", 0): 4, ("in", 1): 5}
-    assert check_progress_kept(config(tmp_path, 1), earlier, {("in", 0): 4}, [("in", 0)]) == {}
+    assert check_progress_kept(opted, earlier, {}, partitions) == [("in", 0), ("in", 1)]
+    assert check_progress_kept(config(tmp_path, 1), earlier, {("in", 0): 4}, [("in", 0)]) == []
+
+
+def test_a_lost_checkpoint_root_still_refuses_partitions_the_operator_saw_g_hold(
+    tmp_path: Path,
+) -> None:
+    nothing = earlier_progress(str(tmp_path / "lost"), LocalFiles(), 2)  # no earlier logs
+    seen = config(tmp_path, 2).model_copy(update={"committed_partitions": {"in": [0, 1]}})
+    with pytest.raises(ProgressMissing) as refused:
+        check_progress_kept(seen, nothing, {("in", 0): 4}, [("in", 0), ("in", 1), ("in", 2)])
+    message = refused.value.message
+    assert "no committed offset for in-1, which the operator saw it hold before" in message
+    assert "in-0" not in message and "in-2" not in message and "\n" not in message
+    assert check_progress_kept(config(tmp_path, 2), nothing, {}, [("in", 1)]) == []
 
 
 WINDOWED = """\

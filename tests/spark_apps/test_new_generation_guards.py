@@ -2,7 +2,9 @@
 
 * Progress missing: an earlier generation committed a partition, the progress
   group no longer has it (deleted here; expired in production): the new
-  generation stops with one line naming the partition, and publishes nothing.
+  generation stops with one line naming the partition, and publishes nothing;
+  also when the checkpoint root is lost, from the partitions the operator saw
+  the group hold (``committedPartitions``).
 * Stateful query: a windowed count whose new generation would resume the
   progress group with empty state stops with the choices; with
   ``transform.allowEmptyState`` it runs.
@@ -10,6 +12,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -69,6 +72,16 @@ def test_missing_progress_stops_a_new_generation(
     assert f"{pipeline.source_topic}-1" in lines[0]
     assert f"{pipeline.source_topic}-0" not in lines[0]
     assert "allowMissingProgress" in lines[0]
+    assert_exactly_once(pipeline.output(), [f"k{i}" for i in range(RECORDS)])
+
+    # The checkpoint root is lost too: the partitions the operator saw G hold still refuse.
+    shutil.rmtree(config["checkpointRoot"])
+    seen = config | {"committedPartitions": {pipeline.source_topic: [0, 1]}}
+    refused = _run_to_end(pipeline, seen, generation=2)
+    assert refused.proc.returncode == EXIT_PROGRESS_MISSING, refused.tail()
+    (line,) = _failure_lines(refused)
+    assert f"{pipeline.source_topic}-1, which the operator saw it hold before" in line
+    assert f"{pipeline.source_topic}-0" not in line
     assert_exactly_once(pipeline.output(), [f"k{i}" for i in range(RECORDS)])
 
 

@@ -455,7 +455,16 @@ class ProgressStatus(BaseModel):
     )
     input_rate: float | None = Field(default=None, description="Input records per second.")
     checked_at: str | None = Field(default=None, description="When the offsets were read.")
-    message: str | None = Field(default=None, description="Why the offsets could not be read.")
+    message: str | None = Field(
+        default=None,
+        description="Why the offsets could not be read, or which partitions the progress group "
+        "lost.",
+    )
+    held_partitions: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="Per source topic, the partitions the progress group has held an offset "
+        "for, as the operator saw it: progress missing for one of them later was lost.",
+    )
 
 
 class CheckpointStatus(BaseModel):

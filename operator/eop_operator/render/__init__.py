@@ -96,6 +96,13 @@ def render_pipeline(
     config_map = render_config_map(pipeline, run_config)
     template = render_pod_template(pipeline, image, generation, ports)
     digest = spec_hash(config_map["data"], template)
+    # What the operator saw G hold (status.progress.heldPartitions) is for a new generation's
+    # guard (eop_spark.generations): it is in the ConfigMap but not in the hash, so its growth
+    # never restarts a running driver; a driver reads it when it starts.
+    held = pipeline.status.progress.held_partitions if pipeline.status.progress else {}
+    if held:
+        run_config = run_config.model_copy(update={"committed_partitions": held})
+        config_map = render_config_map(pipeline, run_config)
     template["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = digest
     claim = render_checkpoint_claim(pipeline)
     objects = [config_map, *([claim] if claim else []), *render_driver_rbac(pipeline, driver_role)]
