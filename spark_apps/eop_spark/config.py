@@ -54,6 +54,12 @@ class RunConfig(SpecModel):
         description="Per source topic, the partitions the operator saw the progress group hold: "
         "a new generation refuses to start one that the group lacks (see eop_spark.generations).",
     )
+    generation_reason: str | None = Field(
+        default=None,
+        description="What started this checkpoint generation (the operator's status.upgrade."
+        "reason: SpecChanged, RestartNonce, RolledBack, FellBack, CheckpointRecovery, "
+        "CheckpointLost); named when a new generation is refused.",
+    )
     reset_progress: bool | None = Field(
         default=None,
         description="A stateless generation: before its first batch, set the progress group "

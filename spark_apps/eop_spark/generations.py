@@ -119,7 +119,7 @@ def check_progress_kept(
         sources.append("the operator saw it hold before (status.progress.heldPartitions)")
     restore = f"; earlier generations had read to {to_spark_json(missing)}" if missing else ""
     raise ProgressMissing(
-        f"new checkpoint generation {config.generation}: progress group {config.progress_group} "
+        f"{_generation(config)}: progress group {config.progress_group} "
         f"has no committed offset for {names}, which {' and '.join(sources)} (expired "
         "after the broker's offsets.retention.minutes, or deleted); starting at startingOffsets "
         "would repeat or skip output. Restore the offsets (kafka-consumer-groups --reset-offsets "
@@ -140,6 +140,24 @@ def stateful_operators(analyzed_plan: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+#: How a refusal names what started a generation (the operator's upgrade reasons).
+_STARTED_BY = {
+    "SpecChanged": "an upgrade",
+    "RestartNonce": "a restart (restartNonce)",
+    "RolledBack": "a rollback to the last stable spec",
+    "FellBack": "a fallback after failed restarts",
+    "CheckpointRecovery": "a checkpoint recovery",
+    "CheckpointLost": "a lost checkpoint",
+}
+
+
+def _generation(config: RunConfig) -> str:
+    """``new checkpoint generation k``, with what started it when the operator said."""
+    reason = config.generation_reason
+    started = f" (started by {_STARTED_BY.get(reason, reason)})" if reason else ""
+    return f"new checkpoint generation {config.generation}{started}"
+
+
 def check_state_kept(config: RunConfig, analyzed_plan: str, resumes_progress: bool) -> None:
     """Raise :class:`StateLost` when a stateful query would resume G with empty state."""
     if not resumes_progress or config.reset_progress or config.transform.allow_empty_state:
@@ -148,7 +166,7 @@ def check_state_kept(config: RunConfig, analyzed_plan: str, resumes_progress: bo
     if not operators:
         return
     raise StateLost(
-        f"new checkpoint generation {config.generation} of a stateful query "
+        f"{_generation(config)} of a stateful query "
         f"({', '.join(operators)}): the input before progress group {config.progress_group}'s "
         "offsets is not read again, so its state (open windows, counts, seen keys) would restart "
         "empty and results would be incomplete. Choose an upgrade with mode stateless (reprocess "

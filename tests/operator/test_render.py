@@ -43,6 +43,17 @@ def test_the_partitions_g_held_reach_the_runner_without_restarting_the_driver(
     manifest["status"] = {"progress": {"heldPartitions": {"in": [0, 2]}}}
     run = json.loads(_objects(manifest)["ConfigMap"]["data"]["run.json"])
     assert run["committedPartitions"] == {"in": [0, 2]}  # a new generation's guard reads it
+    assert "generationReason" not in run  # no upgrade in flight
+    # An upgrade in flight to this generation: its reason reaches the runner, the hash stays.
+    manifest["status"]["upgrade"] = {
+        "toHash": before,
+        "mode": "committed-offsets",
+        "step": "Stopping",
+        "generation": 0,
+        "reason": "FellBack",
+    }
+    run = json.loads(_objects(manifest)["ConfigMap"]["data"]["run.json"])
+    assert run["generationReason"] == "FellBack"
     assert _hash(manifest) == before  # the status grew: the running driver is not rolled
 
 

@@ -137,6 +137,10 @@ def test_state_check_refuses_only_a_stateful_resume(tmp_path: Path) -> None:
         update={"transform": cfg.transform.model_copy(update={"allow_empty_state": True})}
     )
     check_state_kept(opted, WINDOWED, resumes_progress=True)
+    # The refusal says what started the generation, as the operator rendered it.
+    for reason, words in [("FellBack", "fallback"), ("CheckpointLost", "lost checkpoint")]:
+        with pytest.raises(StateLost, match=rf"generation 2 \(started by an? {words}"):
+            check_state_kept(cfg.model_copy(update={"generation_reason": reason}), WINDOWED, True)
 
 
 def test_refresh_interval_is_a_quarter_of_the_broker_retention() -> None:

@@ -96,12 +96,18 @@ def render_pipeline(
     config_map = render_config_map(pipeline, run_config)
     template = render_pod_template(pipeline, image, generation, ports)
     digest = spec_hash(config_map["data"], template)
-    # What the operator saw G hold (status.progress.heldPartitions) is for a new generation's
-    # guard (eop_spark.generations): it is in the ConfigMap but not in the hash, so its growth
-    # never restarts a running driver; a driver reads it when it starts.
-    held = pipeline.status.progress.held_partitions if pipeline.status.progress else {}
-    if held:
-        run_config = run_config.model_copy(update={"committed_partitions": held})
+    # For a new generation's guards (eop_spark.generations): what the operator saw G hold
+    # (status.progress.heldPartitions) and what started the generation (the upgrade in flight).
+    # In the ConfigMap but not in the hash: a status change never restarts a running driver;
+    # a driver reads them when it starts.
+    status = pipeline.status
+    guards: dict[str, Any] = {}
+    if status.progress and status.progress.held_partitions:
+        guards["committed_partitions"] = status.progress.held_partitions
+    if status.upgrade and status.upgrade.generation == generation:
+        guards["generation_reason"] = status.upgrade.reason
+    if guards:
+        run_config = run_config.model_copy(update=guards)
         config_map = render_config_map(pipeline, run_config)
     template["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = digest
     claim = render_checkpoint_claim(pipeline)
