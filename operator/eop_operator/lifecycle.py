@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -119,10 +120,10 @@ async def drive(
 ) -> float | None:
     """Take the pipeline's lifecycle steps until the next one is to wait.
 
-    Returns when to look again (the timer looks anyway).  Invalid specs (and
-    the ``invalid`` extra errors of ``render``) are left to the spec handler,
-    which reports them.  ``pod`` is a driver pod from a watch event: it may be gone
-    already, and its termination still counts.
+    Returns when to look again (inf: once something changes; the timer looks
+    anyway).  Invalid specs (and the ``invalid`` extra errors of ``render``) are
+    left to the spec handler, which reports them.  ``pod`` is a driver pod from
+    a watch event: it may be gone already, and its termination still counts.
     """
     lock = _LOCKS.setdefault((namespace, name), asyncio.Lock())
     async with lock:
@@ -143,6 +144,15 @@ async def drive(
             if requeue is not None:
                 return requeue
     return POLL_SECONDS
+
+
+def _wait(decision: Decision) -> float:
+    """How long a decision waits: its requeue, else until something changes (inf).
+
+    A steady WAIT carries no requeue; read as "look again now", every event and
+    timer tick took ``MAX_STEPS`` full steps of reads for a pipeline with nothing to do.
+    """
+    return math.inf if decision.requeue_after is None else decision.requeue_after
 
 
 def _template_annotation(statefulset: dict[str, Any] | None, key: str) -> str | None:
@@ -324,14 +334,14 @@ async def _step(
             )
         if decision.action is Action.APPLY or refused != before:
             return None
-        return decision.requeue_after
+        return _wait(decision)
     if decision.action is Action.STOP and statefulset is not None:
         # A merge patch: the pod template stays the old one while the old driver stops.
         await client.patch(
             "apps/v1", "StatefulSet", namespace, driver_name(pipeline), {"spec": {"replicas": 0}}
         )
         return None
-    return decision.requeue_after
+    return _wait(decision)
 
 
 async def _write_status(
