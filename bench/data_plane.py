@@ -13,8 +13,8 @@ on 4 partitions), read with ``read_committed`` and written to a fresh topic by:
       plain idempotent producer per task: no transactions, no progress group, no
       producer hub.  e/a is what moving the records through Python and librdkafka
       instead of the JVM's producer costs.  Partitioned mode's tasks run in the
-      JVM since 2026-11-25 (:mod:`eop_spark.jvm_writer`), so b/e compares two
-      paths now, not exactly-once alone.
+      JVM by default (:mod:`eop_spark.jvm_writer`), so b/e compares two paths,
+      not exactly-once alone.
 
 (a)-(c) and (e) run in one SparkSession (each first copies N 100-byte records twice, in
 40 batches each, and then each size's input once, unmeasured, so the JIT of Spark's JVM
@@ -22,8 +22,7 @@ and of the broker has compiled what the measured rounds run), availableNow, N/4 
 per batch, the same producer batching (eop's defaults: linger.ms, batch.size). Two
 figures each: N divided by the query's wall time (start-up included, from the moment the
 stream is built: every contender's source stream and transform are analysed there, and
-eop also takes its transactional ids over before Spark starts the query; until
-2026-11-25 (e) and (a)'s clocks started once their stream was built, eop's before), and
+eop also takes its transactional ids over before Spark starts the query), and
 N divided by the time of the batches themselves (the sum of Spark's ``triggerExecution``
 over the batches that read rows: the rate a running pipeline sustains; the same measure
 for every contender). Each of (a)-(c), (e) runs ``--rounds`` times, in a rotating order,
@@ -48,8 +47,10 @@ commits. Every copy is deleted once counted, so the page cache holds the input a
 copy or two, not the whole run. Runners map the JVM class archive as they do in the dev
 environment and the image (built first if missing, see eop_spark.class_archive).
 
-    .venv/bin/python bench/data_plane.py                  # 1,000,000 records, 15-30 min on 2 cores
-    .venv/bin/python bench/data_plane.py --records 100000 # quick look
+    .venv/bin/python -m bench.data_plane                  # 1,000,000 records, 15-30 min on 2 cores
+    .venv/bin/python -m bench.data_plane --records 100000 # quick look
+
+The figures, and how to read them: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ each one's median job time and the ratio:
 - 4 tasks of 62,500 rows of 100 bytes: one micro-batch of the data-plane
   benchmark (``bench/data_plane.py``) at its 100-byte size.
 
-    .venv/bin/python bench/python_tasks.py [--rounds 15]
+    .venv/bin/python -m bench.python_tasks [--rounds 15]
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 Spark keeps them, with the Java Kafka producer: no Arrow batches, no socket to a
 Python worker, no librdkafka.  Side by side it copied a million records at 0.90
 (100 B) and 0.93 (1 KiB) of Spark's own sink's rate, where the Python task
-path reached 0.86 and 0.78 (see docs/exactly-once.md).
+path reached 0.86 and 0.78 (see docs/performance.md).
 
 The jar is named after a hash of the source, so a changed source never meets an
 old jar.  The image builds it into ``/opt/eop/jars`` (``python -m
@@ -45,7 +45,7 @@ JAVA_BUFFER_MEMORY = 32 << 20
 MIN_BUFFER_MEMORY = 1 << 20
 #: ``batch.size`` is at most this share of ``buffer.memory``: one task's producer of 62,500
 #: 1 KiB records took 4.0-5.4 s with 4 batches of 1 MB in 4 MiB, 0.6-1.6 s with 16 of 256 KiB
-#: (and 1.3-2.6 s with 32 MiB and 1 MB batches; alternating, one JVM, 2026-11-25).
+#: (and 1.3-2.6 s with 32 MiB and 1 MB batches; alternating, one JVM).
 BATCHES_IN_BUFFER = 16
 #: The share of a task JVM's heap all its producers' buffers may keep together.
 HEAP_SHARE = 4

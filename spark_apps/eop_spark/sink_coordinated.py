@@ -70,8 +70,8 @@ MODE = "coordinated"
 _BLOB = "__eop_arrow_ipc"
 #: Upper bound of the Arrow data in one such row (a Spark row is held whole in memory).
 BLOB_BYTES = 4 << 20
-#: Records per second the driver's one producer writes at the least, reading included (best
-#: measured: 212,000 of 100 bytes; see docs/exactly-once.md): sizes the default batch bound.
+#: Records per second the driver's one producer writes at the least, reading included (see
+#: docs/performance.md, "Coordinated mode"): sizes the default batch bound.
 DRIVER_RECORDS_PER_S = 100_000
 #: A batch's transaction should live at most this share of the transaction timeout.
 TIMEOUT_SHARE = 3

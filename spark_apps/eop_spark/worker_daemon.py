@@ -31,7 +31,7 @@ source partition), and of every worker a restarted runner starts:
   delayed-ACK timer: a job of 4 one-row tasks on 2 cores took ~130 ms,
   against ~45-60 ms with quick ACKs (``bench/python_tasks.py``).  Small
   tasks gain most; on the data-plane benchmark's 62,500-row tasks the gain
-  for partitioned mode was within the noise (docs/exactly-once.md).
+  for partitioned mode was within the noise (docs/performance.md).
 
 Before the first worker it forks the executor's producer hub
 (:mod:`eop_spark.producer_hub`), which keeps the partitioned sink's
