@@ -49,11 +49,12 @@ def spawn_logged(
     cwd: Path,
     env: Mapping[str, str] | None = None,
     new_session: bool = False,
+    pass_fds: Sequence[int] = (),
 ) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
     """Start ``argv`` with stdout and stderr appended to ``log`` under a header line.
 
-    Returns the process and the open log file (the caller closes it once the
-    process has ended).
+    ``pass_fds`` stay open in the child (with their numbers). Returns the process and the open
+    log file (the caller closes it once the process has ended).
     """
     log_file = log.open("ab")
     log_file.write(f"\n==== {time.strftime('%F %T')} {' '.join(argv)}\n".encode())
@@ -66,6 +67,7 @@ def spawn_logged(
         cwd=cwd,
         env=dict(env) if env is not None else None,
         start_new_session=new_session,
+        pass_fds=tuple(pass_fds),
         preexec_fn=die_with_parent,
     )
     return popen, log_file
