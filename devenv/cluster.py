@@ -1203,6 +1203,8 @@ class _Supervisor:
         if self.multi:
             self._wait_for("the apiserver's forward on the host", None, self._forward_ready, 30)
         self._step(f"control plane up in {self.cp.start_seconds:.1f}s; starting the node(s)")
+        if self.multi:
+            self._forget_other_nodes()
         self._start_nodes(c.nodes())
         self._step("storage class and hostPath provisioner")
         self._ensure_storage_class()
@@ -1225,6 +1227,14 @@ class _Supervisor:
         if self.multi:
             self._step("cluster DNS (CoreDNS)")
             self._start_dns()
+
+    def _forget_other_nodes(self) -> None:
+        """Delete the Nodes of an earlier start of this dir with more nodes than now."""
+        out = self.c.kubectl("get", "nodes", "-o", "name", check=True).stdout.split()
+        stale = [n for n in out if n.removeprefix("node/") not in self.layout]
+        if stale:
+            print(f"deleting nodes of an earlier start: {stale}", flush=True)
+            self.c.kubectl("delete", *stale, "--wait=false", check=True)
 
     def _control_plane_options(self) -> dict[str, Any]:
         """The control plane's flags: the single node reaches it on loopback; the multi-node
@@ -1349,6 +1359,8 @@ class _Supervisor:
         for node in nodes:
             if node.pod_network:
                 self._start_kube_proxy(node)
+                # A node lost before (and perhaps never restored) is back: lift the taint.
+                self.c.kubectl("taint", "node", node.name, f"{OUT_OF_SERVICE_TAINT}:NoExecute-")
             self._set_node_state(node, "ready", ready_at=time.time())
 
     def _boot_node(self, node: ClusterNode) -> None:
@@ -1794,7 +1806,7 @@ registerNode: true
         print(f"lost {node.name} in {time.time() - began:.1f}s", flush=True)
 
     def _restore_node(self, node: ClusterNode) -> None:
-        """Boot a lost node; once Ready, lift its out-of-service taint."""
+        """Boot a lost node (once Ready, its out-of-service taint is lifted)."""
         if self.state["nodes"][node.name]["state"] != "lost":
             raise ClusterError(f"{node.name} is {self.state['nodes'][node.name]['state']}")
         print(f"restoring {node.name}", flush=True)
@@ -1803,7 +1815,6 @@ registerNode: true
         except BaseException:
             self._lose_node_quietly(node)
             raise
-        self.c.kubectl("taint", "node", node.name, f"{OUT_OF_SERVICE_TAINT}:NoExecute-")
 
     def _lose_node_quietly(self, node: ClusterNode) -> None:
         self.state["nodes"][node.name]["state"] = "restoring"

@@ -157,7 +157,8 @@ def test_pods_on_two_nodes_reach_each_other_by_ip_and_by_service_name(
 
     # Pod to pod across nodes, by IP.
     assert (
-        _exec(nodes_cluster, ns, "client", f"wget -qO- http://{web_ip}:8080/") == "served by web\n"
+        _exec(nodes_cluster, ns, "client", f"timeout 10 wget -qO- http://{web_ip}:8080/")
+        == "served by web\n"
     )
     # Through the Service's ClusterIP (kube-proxy), found by its name (CoreDNS). The endpoint
     # may take a moment to appear in kube-proxy's rules.
@@ -165,7 +166,7 @@ def test_pods_on_two_nodes_reach_each_other_by_ip_and_by_service_name(
 
     def by_name() -> str:
         result = nodes_cluster.kubectl(
-            "exec", "-n", ns, "client", "--", "wget", "-qO-", f"http://{name}/"
+            "exec", "-n", ns, "client", "--", "timeout", "5", "wget", "-qO-", f"http://{name}/"
         )
         return result.stdout if result.returncode == 0 else ""
 
