@@ -29,18 +29,15 @@ What runs (see docs/local-cluster.md for every flag and why):
 
 With several nodes (:mod:`devenv.podnet`), the supervisor moves into a network namespace of
 its own (the cluster network, bridge and gateway ``10.88.0.1``) where the control plane runs;
-each node ``nodeN`` (``10.88.0.1N``) is a containerd, a kubelet and a kube-proxy in the network
+each node ``nodeN`` (``10.88.0.(10+N)``) is a containerd, a kubelet and a kube-proxy in the network
 and mount namespaces of a holder process, its pods on the CNI bridge (``10.244.N.0/24``);
 CoreDNS serves ``cluster.local``; :mod:`devenv.netns_forward` forwards the host's
 ``127.0.0.1:<port>`` to the apiserver and, on request, the gateway to host services
 (:meth:`LocalCluster.expose_host_port`).
 
-``up`` starts a supervisor process (``_supervise``) in a private mount namespace
-(``unshare --mount``): every mount the kubelet and containerd make (overlay snapshots,
-tmpfs volumes) stays in it and goes away with it, and it masks the kernel sysctls the kubelet
-would otherwise rewrite machine-wide. The supervisor starts the components as its children
-(they die with it), writes pid files to ``DIR/run`` and state to ``DIR/run/state.json``,
-and tears everything down on SIGTERM. Logs: ``DIR/logs/<component>.log``.
+``up`` starts the supervisor (:mod:`devenv.cluster_supervisor`, as ``_supervise``) in a
+private mount namespace; it starts, watches and stops every component. Logs:
+``DIR/logs/<component>.log``. What each component is told: :mod:`devenv.cluster_configs`.
 """
 
 from __future__ import annotations
@@ -203,21 +200,6 @@ class LocalCluster:
     def control_plane_dir(self) -> Path:
         """The :class:`devenv.kube.ControlPlane` work dir (pki, etcd data)."""
         return self.dir / "control-plane"
-
-    @property
-    def containerd_dir(self) -> Path:
-        """containerd's config, root, state and socket (of the first node)."""
-        return self.nodes()[0].containerd_dir
-
-    @property
-    def containerd_socket(self) -> Path:
-        """containerd's gRPC socket (the CRI endpoint of the kubelet; of the first node)."""
-        return self.nodes()[0].containerd_socket
-
-    @property
-    def kubelet_dir(self) -> Path:
-        """The kubelet's config and ``--root-dir`` (``root/``; of the first node)."""
-        return self.nodes()[0].kubelet_dir
 
     @property
     def volumes_dir(self) -> Path:
@@ -669,6 +651,10 @@ class LocalCluster:
                 _log("supervisor did not stop in time: killing it")
                 os.kill(pid, signal.SIGKILL)
         self.cleanup_leftovers()
+        state = self.state()
+        if state.get("phase") in ("starting", "ready"):  # its supervisor died: cleaned up now
+            state.update(phase="stopped", step="stopped by `down` after the supervisor died")
+            self.state_file.write_text(json.dumps(state, indent=2) + "\n")
         if purge and self.dir.exists():
             _log(f"removing {self.dir}")
             shutil.rmtree(self.dir)

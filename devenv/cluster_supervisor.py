@@ -65,6 +65,7 @@ from devenv.processes import (
     sigkill_and_wait,
     spawn_logged,
     start_time,
+    terminate,
 )
 
 __all__ = ["Supervisor"]
@@ -175,13 +176,7 @@ class Supervisor:
             self.children.remove(child)
 
     def _stop_child(self, child: _Child, timeout: float = 15.0) -> None:
-        if child.popen.poll() is None:
-            child.popen.terminate()
-            try:
-                child.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                child.popen.kill()
-                child.popen.wait()
+        terminate(child.popen, timeout)
         self._forget_child(child)
 
     def _node_children(self, node: ClusterNode) -> list[_Child]:

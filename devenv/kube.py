@@ -36,7 +36,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Self
 
-from devenv.processes import free_port, spawn_logged
+from devenv.processes import free_port, spawn_logged, terminate
 from devenv.versions import cache_root, versions
 
 __all__ = [
@@ -308,13 +308,7 @@ class ControlPlane:
         """Terminate all components (SIGTERM, then SIGKILL), newest first. Idempotent."""
         while self._procs:
             proc = self._procs.pop()
-            if proc.popen.poll() is None:
-                proc.popen.terminate()
-                try:
-                    proc.popen.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    proc.popen.kill()
-                    proc.popen.wait()
+            terminate(proc.popen, timeout)
             proc.log_file.close()
         if self._atexit_registered:
             atexit.unregister(self.stop)

@@ -85,7 +85,7 @@ class NodeAddress:
 def node_layout(count: int) -> list[NodeAddress]:
     """Nodes ``node1``..``node<count>``: addresses 10.88.0.11.., pod CIDRs 10.244.1.0/24.."""
     if not 1 <= count <= MAX_NODES:
-        raise NetnsError(f"nodes must be 1..{MAX_NODES}, not {count}")
+        raise NetnsError(f"nodes: 1..{MAX_NODES}, not {count}")
     base = int(NODE_SUBNET.network_address)
     cluster = ipaddress.ip_network(CLUSTER_CIDR)
     nodes = []

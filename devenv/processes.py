@@ -75,6 +75,17 @@ def spawn_logged(
     return popen, log_file
 
 
+def terminate(popen: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    """SIGTERM a child and wait for it; SIGKILL it if it is still there after ``timeout``."""
+    if popen.poll() is None:
+        popen.terminate()
+        try:
+            popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+
+
 def log_tail(path: Path, lines: int = 40) -> str:
     """The last ``lines`` lines of the log ``path`` (or why there are none)."""
     try:

@@ -10,8 +10,8 @@ Fixtures:
   ``nodes_cluster.toolbox_image`` (busybox) or call ``load_images()``.
 * ``nodes_namespace`` (function): a fresh namespace on it, deleted (without waiting) after.
 
-The cluster starts right after collection when a selected test needs it, so that a cold start
-does not count against a test's timeout. Tests using it get the marker ``nodes``.
+The cluster starts when the first test asks for it (not at collection: idle kubelets would
+take CPU from the tiers that run before). Tests using it get the marker ``nodes``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from devenv.cluster import LocalCluster, default_cluster_dir
+from devenv.cluster import LocalCluster
 
 #: The node count of the tier's cluster.
 NODES = 3
@@ -45,7 +45,7 @@ def _running_cluster() -> LocalCluster:
     """The tier's cluster, started (without eop images) if it is not running."""
     cluster = _session.get("cluster")
     if cluster is None:
-        cluster = LocalCluster(default_cluster_dir(NODES), nodes=NODES)
+        cluster = LocalCluster(nodes=NODES)
         _session["cluster"] = cluster
     if not cluster.is_running():
         _started_here.append(True)
@@ -54,12 +54,6 @@ def _running_cluster() -> LocalCluster:
         if state == "lost":
             cluster.restore_node(name)
     return cluster
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the cluster before the first test, if a selected test needs it."""
-    if not session.config.option.collectonly and _fixture_users(session.items):
-        _running_cluster()
 
 
 @pytest.fixture(scope="session")
