@@ -37,7 +37,7 @@ pytestmark = pytest.mark.nodes
 #: margin for a loaded machine.
 NOT_READY_WITHIN = NODE_MONITOR_GRACE_SECONDS + 15
 #: Loss -> the StatefulSet's pod Ready on another node: NotReady, then PodGC (every 20 s)
-#: force-deletes the pod, then the new one starts. Measured 20-30 s on 2 idle cores.
+#: force-deletes the pod, then the new one starts. Measured 20-26 s on 2 busy cores.
 RESCHEDULED_WITHIN = 90
 
 
