@@ -3,7 +3,11 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 CRD := exactlyoncepipelines.exactlyonce.io.yaml
 
-.PHONY: demo setup deps crds lint test test-unit test-fast test-e2e cluster-up cluster-down clean
+.PHONY: demo setup deps crds lint test test-unit test-fast test-e2e test-nodes cluster-up cluster-down clean
+
+# cluster-up/cluster-down: 1 is the single-node cluster on loopback; more is the multi-node
+# cluster on a pod network (`make cluster-up NODES=3`).
+NODES ?= 1
 
 ## setup: create .venv and install eop with every extra (the dev environment)
 setup: .venv/.installed
@@ -40,23 +44,28 @@ test: deps
 
 ## test-unit: seconds, no external components
 test-unit: setup
-	$(PY) -m pytest -m "not kafka and not spark and not kube and not e2e and not ecosystem"
+	$(PY) -m pytest -m "not kafka and not spark and not kube and not e2e and not nodes and not ecosystem"
 
-## test-fast: everything but the slow chaos tests
+## test-fast: everything but the slow chaos tests and the local clusters' tiers
 test-fast: deps
-	$(PY) -m pytest -m "not slow and not e2e"
+	$(PY) -m pytest -m "not slow and not e2e and not nodes"
 
-## cluster-up: a single-node cluster with a real kubelet, plus the images (docs/local-cluster.md)
+## cluster-up: the local cluster with real kubelets, plus the images (docs/local-cluster.md);
+## NODES=3: three nodes on a pod network with kube-proxy and CoreDNS
 cluster-up: deps
-	$(PY) -m devenv.cluster up
+	$(PY) -m devenv.cluster up --nodes $(NODES)
 
 ## cluster-down: stop it (data kept; `$(PY) -m devenv.cluster down --purge` deletes it)
 cluster-down:
-	$(PY) -m devenv.cluster down
+	$(PY) -m devenv.cluster down --nodes $(NODES)
 
 ## test-e2e: end-to-end tests on the local cluster (starts it if needed)
 test-e2e: deps
 	$(PY) -m pytest -m e2e tests/e2e
+
+## test-nodes: the multi-node cluster's tier (starts a 3-node cluster if needed)
+test-nodes: deps
+	$(PY) -m pytest -m nodes tests/e2e/test_nodes.py
 
 clean:
 	rm -rf .eop .pytest_cache .mypy_cache .ruff_cache

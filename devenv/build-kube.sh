@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Build a real Kubernetes control plane (plus etcd and helm) from Go modules.
+# Build a real Kubernetes control plane (plus etcd, helm and CoreDNS) from Go modules.
 #
 # Usage: devenv/build-kube.sh [COMPONENT...]
-#   COMPONENT: kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl
-#              etcd helm, or the groups "kube" (the five kube binaries) and "all" (default).
+#   COMPONENT: kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy
+#              kubectl etcd helm coredns, or the groups "kube" (the six kube binaries) and
+#              "all" (default).
 #
 # Versions come only from devenv/versions.env. Binaries land in
 #   ${EOP_CACHE:-$HOME/.cache/eop}/kube/<KUBERNETES_VERSION>/bin/
 #   ${EOP_CACHE:-$HOME/.cache/eop}/etcd/<ETCD_VERSION>/bin/etcd
 #   ${EOP_CACHE:-$HOME/.cache/eop}/helm/<HELM_VERSION>/bin/helm
+#   ${EOP_CACHE:-$HOME/.cache/eop}/coredns/<COREDNS_VERSION>/bin/coredns
 # A binary that is already present is skipped, so a re-run is a no-op.
 #
 # Each component is built inside a throwaway Go module (under the cache dir) that
@@ -25,14 +27,16 @@ cache="${EOP_CACHE:-$HOME/.cache/eop}"
 kube_v="${KUBERNETES_VERSION:?KUBERNETES_VERSION missing in versions.env}"
 etcd_v="${ETCD_VERSION:?ETCD_VERSION missing in versions.env}"
 helm_v="${HELM_VERSION:?HELM_VERSION missing in versions.env}"
+coredns_v="${COREDNS_VERSION:?COREDNS_VERSION missing in versions.env}"
 helm_major="${helm_v%%.*}"
 
 kube_bin="$cache/kube/$kube_v/bin"
 etcd_bin="$cache/etcd/$etcd_v/bin"
 helm_bin="$cache/helm/$helm_v/bin"
+coredns_bin="$cache/coredns/$coredns_v/bin"
 
-kube_components=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
-all_components=("${kube_components[@]}" etcd helm)
+kube_components=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+all_components=("${kube_components[@]}" etcd helm coredns)
 
 export CGO_ENABLED="${CGO_ENABLED:-0}"
 export GOFLAGS="-mod=mod"
@@ -42,7 +46,7 @@ now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 usage() {
-    sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 # --- argument parsing -------------------------------------------------------
@@ -52,7 +56,8 @@ for arg in "$@"; do
         -h | --help) usage; exit 0 ;;
         all) wanted+=("${all_components[@]}") ;;
         kube) wanted+=("${kube_components[@]}") ;;
-        kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kubectl | etcd | helm)
+        kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kube-proxy | kubectl | \
+            etcd | helm | coredns)
             wanted+=("$arg") ;;
         *) log "unknown component: $arg"; usage >&2; exit 2 ;;
     esac
@@ -169,6 +174,19 @@ build_helm() {
         "-X $path/internal/version.version=v$helm_v -X $path/internal/version.gitTreeState=clean"
 }
 
+# --- coredns ----------------------------------------------------------------
+build_coredns() {
+    local mod="$cache/coredns/$coredns_v/gomod" path="github.com/coredns/coredns"
+    mkdir -p "$mod"
+    if [[ ! -f "$mod/go.mod" ]]; then
+        printf 'module eop.local/corednsbuild\n\ngo 1.26.0\n\nrequire %s v%s\n' \
+            "$path" "$coredns_v" >"$mod/go.mod"
+    fi
+    # The main package is the module's root; the plugins compiled in are the upstream default
+    # set (core/plugin/zplugin.go, generated from plugin.cfg and part of the module).
+    go_build "$mod" "$path" "$coredns_bin/coredns" "-X $path/coremain.GitCommit=v$coredns_v"
+}
+
 # --- main -------------------------------------------------------------------
 built=()
 skipped=()
@@ -180,6 +198,7 @@ for c in "${wanted[@]}"; do
     case "$c" in
         etcd) out="$etcd_bin/etcd"; ver="$etcd_v" ;;
         helm) out="$helm_bin/helm"; ver="$helm_v" ;;
+        coredns) out="$coredns_bin/coredns"; ver="$coredns_v" ;;
         *) out="$kube_bin/$c"; ver="$kube_v" ;;
     esac
     if [[ -x "$out" ]]; then
@@ -191,6 +210,7 @@ for c in "${wanted[@]}"; do
     case "$c" in
         etcd) build_etcd ;;
         helm) build_helm ;;
+        coredns) build_coredns ;;
         *) build_kube "$c" ;;
     esac
     t="$(elapsed "$start")"

@@ -1,4 +1,5 @@
-"""A single-node Kubernetes cluster on loopback, with a real kubelet and containerd.
+"""A local Kubernetes cluster with real kubelets and containerd: one node on loopback, or
+several nodes on a pod network of their own.
 
 ::
 
@@ -8,7 +9,12 @@
     python -m devenv.cluster down [--purge]     # stop everything (--purge: delete DIR too)
     export KUBECONFIG=$(python -m devenv.cluster kubeconfig)
 
-DIR is ``--dir``, else ``$EOP_CLUSTER_DIR``, else ``~/.cache/eop/cluster`` (``$EOP_CACHE``).
+    python -m devenv.cluster up --nodes 3 --no-images    # the multi-node cluster
+    python -m devenv.cluster node-lose node2 --nodes 3   # lose a node; node-restore boots it
+    python -m devenv.cluster exec node1 --nodes 3 -- ip route
+
+DIR is ``--dir``, else ``$EOP_CLUSTER_DIR``, else ``~/.cache/eop/cluster`` (``$EOP_CACHE``);
+with ``--nodes`` > 1: ``$EOP_NODES_CLUSTER_DIR``, else ``~/.cache/eop/cluster-nodes``.
 
 What runs (see docs/local-cluster.md for every flag and why):
 
@@ -21,12 +27,17 @@ What runs (see docs/local-cluster.md for every flag and why):
 * :mod:`devenv.hostpath_provisioner` serving the default StorageClass ``eop-hostpath``
   (``WaitForFirstConsumer``: see :func:`devenv.hostpath_provisioner.storage_class_manifest`).
 
-``up`` starts a supervisor process (``_supervise``) in a private mount namespace
-(``unshare --mount``): every mount the kubelet and containerd make (overlay snapshots,
-tmpfs volumes) stays in it and goes away with it, and it masks the kernel sysctls the kubelet
-would otherwise rewrite machine-wide. The supervisor starts the components as its children
-(they die with it), writes pid files to ``DIR/run`` and state to ``DIR/run/state.json``,
-and tears everything down on SIGTERM. Logs: ``DIR/logs/<component>.log``.
+With several nodes (:mod:`devenv.podnet`), the supervisor moves into a network namespace of
+its own (the cluster network, bridge and gateway ``10.88.0.1``) where the control plane runs;
+each node ``nodeN`` (``10.88.0.(10+N)``) is a containerd, a kubelet and a kube-proxy in the network
+and mount namespaces of a holder process, its pods on the CNI bridge (``10.244.N.0/24``);
+CoreDNS serves ``cluster.local``; :mod:`devenv.netns_forward` forwards the host's
+``127.0.0.1:<port>`` to the apiserver and, on request, the gateway to host services
+(:meth:`LocalCluster.expose_host_port`).
+
+``up`` starts the supervisor (:mod:`devenv.cluster_supervisor`, as ``_supervise``) in a
+private mount namespace; it starts, watches and stops every component. Logs:
+``DIR/logs/<component>.log``. What each component is told: :mod:`devenv.cluster_configs`.
 """
 
 from __future__ import annotations
@@ -34,34 +45,52 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import io
 import json
 import os
-import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
-import tarfile
 import time
-import urllib.error
-import urllib.request
+import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
-from typing import IO, Any
+from typing import Any
 
-from devenv.hostpath_provisioner import STORAGE_CLASS, storage_class_manifest
-from devenv.kube import ControlPlane, ControlPlaneError, KubeBinaries, build_binaries
-from devenv.processes import free_port, spawn_logged
+from devenv.cgroups import remove_cgroups
+from devenv.cluster_configs import (
+    CGROUP_ROOT,
+    NODE_LEASE_SECONDS,
+    NODE_MONITOR_GRACE_SECONDS,
+    NODE_NAME,
+    OUT_OF_SERVICE_TAINT,
+    TOLERATION_SECONDS,
+    ClusterNode,
+)
+from devenv.cluster_images import (
+    ImageError,
+    build_coredns_image,
+    build_pause_image,
+    build_toolbox_image,
+)
+from devenv.kube import ControlPlaneError, KubeBinaries, build_binaries
+from devenv.netns_forward import Endpoint, Forward, read_forward
+from devenv.podnet import GATEWAY, NetnsError, node_layout
+from devenv.processes import cmdline, free_port, kill_and_wait, log_tail, pid_alive, start_time
 from devenv.versions import cache_root
 
 __all__ = [
     "CGROUP_ROOT",
     "DEFAULT_APISERVER_PORT",
+    "GATEWAY",
+    "NODE_LEASE_SECONDS",
+    "NODE_MONITOR_GRACE_SECONDS",
     "NODE_NAME",
+    "OUT_OF_SERVICE_TAINT",
+    "TOLERATION_SECONDS",
     "ClusterError",
+    "ClusterNode",
     "LocalCluster",
     "default_cluster_dir",
     "main",
@@ -73,70 +102,22 @@ IMAGES_SCRIPT = REPO / "devenv" / "images.sh"
 #: The apiserver's port: fixed, so the kubeconfig and in-cluster settings survive restarts.
 DEFAULT_APISERVER_PORT = 6443
 
-#: The node's name. The kubelet refuses a loopback ``--node-ip`` ("nodeIP can't be loopback
-#: address"), but when ``--hostname-override`` is an IP it takes that as the node's
-#: InternalIP as is. So the node is named after its address: the apiserver then reaches the
-#: kubelet (logs, exec) at 127.0.0.1, and host-network pods get podIP/hostIP 127.0.0.1, which
-#: is where the kubelet's probes go. Any other name would make the kubelet fall back to the
-#: machine's non-loopback address.
-NODE_NAME = "127.0.0.1"
-
-#: Parent cgroup (in every cgroup v1 hierarchy) of everything the kubelet runs.
-CGROUP_ROOT = "/eop"
-
 _LOOPBACK = "127.0.0.1"
 _APT_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "util-linux")
-_CNI_BIN_DIR = Path("/usr/lib/cni")
-
-# Kernel settings the kubelet's container manager sets machine-wide at start-up unless they
-# already have these values (protectKernelDefaults=true would make it fail instead). The
-# supervisor bind-mounts files with these values over /proc/sys/... inside its own mount
-# namespace: the kubelet sees what it wants and the machine's settings stay untouched.
-_KUBELET_SYSCTLS = {
-    "vm/overcommit_memory": "1",
-    "vm/panic_on_oom": "0",
-    "kernel/panic": "10",
-    "kernel/panic_on_oops": "1",
-    "kernel/keys/root_maxkeys": "1000000",
-    "kernel/keys/root_maxbytes": "25000000",
-}
-
-_PAUSE_GO = """\
-// The pod sandbox process: sleeps until SIGTERM/SIGINT and reaps zombies (it is PID 1 of
-// pods that share their PID namespace). Built static; the only file of localhost/eop-pause.
-package main
-
-import (
-	"os"
-	"os/signal"
-	"syscall"
-)
-
-func main() {
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)
-	for s := range sigs {
-		if s != syscall.SIGCHLD {
-			os.Exit(0)
-		}
-		for {
-			var ws syscall.WaitStatus
-			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
-			if pid <= 0 || err != nil {
-				break
-			}
-		}
-	}
-}
-"""
+#: More for the multi-node cluster: kube-proxy's iptables, the toolbox image's busybox.
+_APT_PACKAGES_NODES = ("iptables", "busybox-static", "iproute2")
 
 
 class ClusterError(RuntimeError):
     """The local cluster failed to start, stop or answer."""
 
 
-def default_cluster_dir() -> Path:
-    """``$EOP_CLUSTER_DIR``, else ``<cache>/cluster`` (``~/.cache/eop/cluster``)."""
+def default_cluster_dir(nodes: int = 1) -> Path:
+    """``$EOP_CLUSTER_DIR``, else ``<cache>/cluster`` (``~/.cache/eop/cluster``); for more
+    than one node ``$EOP_NODES_CLUSTER_DIR``, else ``<cache>/cluster-nodes``."""
+    if nodes > 1:
+        env = os.environ.get("EOP_NODES_CLUSTER_DIR")
+        return Path(env) if env else cache_root() / "cluster-nodes"
     env = os.environ.get("EOP_CLUSTER_DIR")
     return Path(env) if env else cache_root() / "cluster"
 
@@ -145,206 +126,13 @@ def _log(msg: str) -> None:
     print(f"[cluster] {msg}", file=sys.stderr, flush=True)
 
 
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as exc:
-        return f"(no log: {exc})"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is dead for our purposes.
-    with contextlib.suppress(OSError):
-        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
-            return False
-    return True
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
-
-
-def _kill_and_wait(pids: Sequence[int], timeout: float = 10.0) -> None:
-    """SIGTERM ``pids``, then SIGKILL those still alive after ``timeout``."""
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        alive = [p for p in pids if _pid_alive(p)]
-        for pid in alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and any(_pid_alive(p) for p in alive):
-            time.sleep(0.1)
-
-
-# ----------------------------------------------------------------------------- cgroups
-
-
-def _cgroup_mounts(types: tuple[str, ...] = ("cgroup",)) -> list[Path]:
-    """Mount points of the cgroup hierarchies of ``types`` (``cgroup`` is v1: ``cpu``,
-    ``memory``, ``name=systemd``...; ``cgroup2`` the unified one)."""
-    mounts = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        if right.split()[:1] and right.split()[0] in types:
-            mounts.append(Path(left.split()[4]))
-    return mounts
-
-
-def _prepare_cgroup_root() -> None:
-    """Create :data:`CGROUP_ROOT` in every v1 hierarchy (the kubelet checks it exists)."""
-    name = CGROUP_ROOT.strip("/")
-    for mount in _cgroup_mounts():
-        path = mount / name
-        path.mkdir(exist_ok=True)
-        # A new cpuset cgroup has no CPUs and memory nodes: inherit the parent's.
-        for knob in ("cpuset.cpus", "cpuset.mems"):
-            if (path / knob).exists() and not (path / knob).read_text().strip():
-                (path / knob).write_text((mount / knob).read_text())
-
-
-def _cgroup_dirs() -> list[Path]:
-    """Every cgroup below :data:`CGROUP_ROOT`, deepest first.
-
-    runc also mirrors them into the (otherwise unused) cgroup2 mount of this hybrid layout.
-    """
-    name = CGROUP_ROOT.strip("/")
-    dirs: list[Path] = []
-    for mount in _cgroup_mounts(("cgroup", "cgroup2")):
-        root = mount / name
-        if root.is_dir():
-            dirs.extend(Path(p) for p, _, _ in os.walk(root))
-    return sorted(dirs, key=lambda p: len(p.parts), reverse=True)
-
-
-def _cgroup_pids() -> set[int]:
-    pids: set[int] = set()
-    for d in _cgroup_dirs():
-        with contextlib.suppress(OSError, ValueError):
-            pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
-    return pids
-
-
-def _remove_cgroups() -> list[Path]:
-    """Kill what still runs below :data:`CGROUP_ROOT` and remove its cgroups.
-
-    Returns the cgroups that could not be removed.
-    """
-    _kill_and_wait(sorted(_cgroup_pids()), timeout=2.0)
-    left = []
-    for d in _cgroup_dirs():
-        try:
-            d.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError:
-            left.append(d)
-    return left
-
-
-# ----------------------------------------------------------------------------- pause image
-
-
-def _oci_archive(out: Path, ref: str, files: Mapping[str, bytes], entrypoint: list[str]) -> None:
-    """Write a one-layer OCI image archive (what ``ctr images import`` reads)."""
-    layer_buf = io.BytesIO()
-    with tarfile.open(fileobj=layer_buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), 0o755, 0
-            tar.addfile(info, io.BytesIO(data))
-    layer = layer_buf.getvalue()
-    blobs: dict[str, bytes] = {}
-
-    def blob(data: bytes) -> dict[str, Any]:
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        blobs[digest] = data
-        return {"digest": digest, "size": len(data)}
-
-    layer_desc = {"mediaType": "application/vnd.oci.image.layer.v1.tar", **blob(layer)}
-    config = {
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {"Entrypoint": entrypoint, "User": "65535:65535"},
-        "rootfs": {"type": "layers", "diff_ids": [layer_desc["digest"]]},
-    }
-    config_desc = {
-        "mediaType": "application/vnd.oci.image.config.v1+json",
-        **blob(json.dumps(config, sort_keys=True).encode()),
-    }
-    manifest = {
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": config_desc,
-        "layers": [layer_desc],
-    }
-    manifest_desc = {
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        **blob(json.dumps(manifest, sort_keys=True).encode()),
-        "annotations": {
-            "io.containerd.image.name": ref,
-            "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[1],
-        },
-    }
-    index = {"schemaVersion": 2, "manifests": [manifest_desc]}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".partial")
-    with tarfile.open(tmp, "w") as arc:
-        entries = {
-            "oci-layout": json.dumps({"imageLayoutVersion": "1.0.0"}).encode(),
-            "index.json": json.dumps(index).encode(),
-            **{f"blobs/sha256/{d.split(':')[1]}": data for d, data in blobs.items()},
-        }
-        for name, data in entries.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            arc.addfile(info, io.BytesIO(data))
-    tmp.replace(out)
-
-
-def build_pause_image(cache: Path | None = None) -> tuple[str, Path]:
-    """Build (cached) the sandbox image: a static Go ``/pause``. Returns (ref, archive)."""
-    root = (cache or cache_root()) / "pause"
-    tag = hashlib.sha256(_PAUSE_GO.encode()).hexdigest()[:12]
-    ref = f"localhost/eop-pause:{tag}"
-    archive = root / f"eop-pause-{tag}.tar"
-    if archive.exists():
-        return ref, archive
-    go = shutil.which("go") or "/usr/local/go/bin/go"
-    build = root / "src"
-    build.mkdir(parents=True, exist_ok=True)
-    (build / "pause.go").write_text(_PAUSE_GO)
-    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "", "GO111MODULE": "off"}
-    result = subprocess.run(
-        [go, "build", "-trimpath", "-ldflags=-s -w", "-o", "pause", "pause.go"],
-        cwd=build,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise ClusterError(f"building the pause binary failed:\n{result.stdout}{result.stderr}")
-    _oci_archive(archive, ref, {"pause": (build / "pause").read_bytes()}, ["/pause"])
-    return ref, archive
-
-
 # ----------------------------------------------------------------------------- packages
 
 
-def ensure_packages() -> None:
-    """apt-get install containerd, runc, the CNI plugins and unshare when missing."""
+def ensure_packages(extra: Sequence[str] = ()) -> None:
+    """apt-get install containerd, runc, the CNI plugins, unshare (and ``extra``) when missing."""
     missing = []
-    for pkg in _APT_PACKAGES:
+    for pkg in (*_APT_PACKAGES, *extra):
         result = subprocess.run(
             ["dpkg-query", "-W", "-f=${Status}", pkg], capture_output=True, text=True, check=False
         )
@@ -363,27 +151,32 @@ def ensure_packages() -> None:
 # ----------------------------------------------------------------------------- the cluster
 
 
-@dataclass
-class _Child:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_file: IO[bytes]
-
-
 class LocalCluster:
     """Paths, client helpers and life cycle of the cluster in ``work_dir``.
 
     The object is cheap: it holds no process. :meth:`up` starts the supervisor (or finds it
     running), :meth:`down` stops it; :meth:`kubectl`, :meth:`helm` and :meth:`ctr` talk to
     whatever runs in ``work_dir``.
+
+    ``nodes`` > 1 is the multi-node cluster on a pod network (see docs/local-cluster.md);
+    without ``work_dir`` it lives in :func:`default_cluster_dir` for that many nodes. Left
+    out, the node count is that of the cluster last started in the dir (else 1).
     """
 
     def __init__(
-        self, work_dir: Path | str | None = None, *, apiserver_port: int | None = None
+        self,
+        work_dir: Path | str | None = None,
+        *,
+        apiserver_port: int | None = None,
+        nodes: int | None = None,
     ) -> None:
         """``work_dir`` defaults to :func:`default_cluster_dir`."""
-        self.dir = Path(work_dir).resolve() if work_dir else default_cluster_dir().resolve()
+        if nodes is not None:
+            node_layout(nodes)  # validates the count
+        default = default_cluster_dir(nodes or 1)
+        self.dir = Path(work_dir).resolve() if work_dir else default.resolve()
         self._apiserver_port = apiserver_port
+        self._nodes = nodes
         self.binaries = KubeBinaries.from_cache()
 
     # ------------------------------------------------------------------ paths
@@ -409,24 +202,9 @@ class LocalCluster:
         return self.dir / "control-plane"
 
     @property
-    def containerd_dir(self) -> Path:
-        """containerd's config, root, state and socket."""
-        return self.dir / "containerd"
-
-    @property
-    def containerd_socket(self) -> Path:
-        """containerd's gRPC socket (the CRI endpoint of the kubelet)."""
-        return self.containerd_dir / "containerd.sock"
-
-    @property
-    def kubelet_dir(self) -> Path:
-        """The kubelet's config, certificates and ``--root-dir`` (``root/``)."""
-        return self.dir / "kubelet"
-
-    @property
     def volumes_dir(self) -> Path:
-        """Where the hostPath provisioner makes the volumes' directories."""
-        return self.dir / "volumes"
+        """Where the hostPath provisioner makes the volumes' directories (first node)."""
+        return self.nodes()[0].volumes_dir
 
     @property
     def state_file(self) -> Path:
@@ -434,12 +212,88 @@ class LocalCluster:
         return self.run_dir / "state.json"
 
     @property
+    def node_count(self) -> int:
+        """The nodes asked for, else those of the cluster last started here, else 1."""
+        if self._nodes:
+            return self._nodes
+        count = self.state().get("node_count")
+        return int(count) if count else 1
+
+    @property
+    def pod_network(self) -> bool:
+        """Whether this is the multi-node cluster: nodes in network namespaces, a pod network,
+        kube-proxy and cluster DNS."""
+        return self.node_count > 1
+
+    @property
+    def gateway(self) -> str:
+        """Where pods reach the control plane and :meth:`expose_host_port`'s forwards."""
+        if not self.pod_network:
+            raise ClusterError("the single-node cluster has no pod network (pods use 127.0.0.1)")
+        return GATEWAY
+
+    @property
+    def cgroup_base(self) -> str:
+        """The cgroup of every node's pods: ``/eop`` for the single-node cluster in its default
+        dir, else ``/eop-<hash of the dir>``: clusters in two dirs never kill each other's pods
+        (``down`` kills whatever is left in its cgroups)."""
+        if not self.pod_network and self.dir == (cache_root() / "cluster").resolve():
+            return CGROUP_ROOT
+        return f"{CGROUP_ROOT}-{hashlib.sha256(str(self.dir).encode()).hexdigest()[:8]}"
+
+    def nodes(self) -> list[ClusterNode]:
+        """The nodes of this cluster (whether they run or not)."""
+        if not self.pod_network:
+            return [
+                ClusterNode(
+                    name=NODE_NAME,
+                    address=_LOOPBACK,
+                    dir=self.dir,
+                    log_dir=self.log_dir,
+                    var_log=self.dir / "node" / "var-log",
+                    volumes_dir=self.dir / "volumes",
+                    cgroup_root=self.cgroup_base,
+                )
+            ]
+        nodes = []
+        for addr in node_layout(self.node_count):
+            node_dir = self.dir / "nodes" / addr.name
+            nodes.append(
+                ClusterNode(
+                    name=addr.name,
+                    address=addr.address,
+                    dir=node_dir,
+                    log_dir=self.log_dir / addr.name,
+                    var_log=node_dir / "var-log",
+                    volumes_dir=node_dir / "volumes",
+                    cgroup_root=f"{self.cgroup_base}/{addr.name}",
+                    pod_cidr=addr.pod_cidr,
+                    pod_gateway=addr.pod_gateway,
+                )
+            )
+        return nodes
+
+    def node(self, name: str) -> ClusterNode:
+        """The node called ``name``; ClusterError names the nodes there are."""
+        for node in self.nodes():
+            if node.name == name:
+                return node
+        names = ", ".join(n.name for n in self.nodes())
+        raise ClusterError(f"no node {name!r} in {self.dir} (nodes: {names})")
+
+    @property
     def apiserver_port(self) -> int:
-        """The apiserver port: from the running state, else the one asked for, else 6443."""
+        """The apiserver port on 127.0.0.1: from the running state, else the one asked for,
+        else 6443 (one node) or the port the multi-node cluster used last."""
         if self._apiserver_port:
             return self._apiserver_port
         port = self.state().get("apiserver_port")
-        return int(port) if port else DEFAULT_APISERVER_PORT
+        if port:
+            return int(port)
+        if self.pod_network:
+            with contextlib.suppress(OSError, ValueError):
+                return int((self.dir / "apiserver-port").read_text())
+        return DEFAULT_APISERVER_PORT
 
     @property
     def server(self) -> str:
@@ -447,7 +301,8 @@ class LocalCluster:
         return f"https://{_LOOPBACK}:{self.apiserver_port}"
 
     def log_path(self, component: str) -> Path:
-        """Log of ``component``: supervisor, etcd, kube-apiserver, containerd, kubelet, ..."""
+        """Log of ``component``: supervisor, etcd, kube-apiserver, containerd, kubelet, ...
+        (``node1/kubelet`` for a node of the multi-node cluster)."""
         cp_components = (
             "etcd",
             "kube-apiserver",
@@ -474,13 +329,30 @@ class LocalCluster:
             pid = int((self.run_dir / "supervisor.pid").read_text())
         except (OSError, ValueError):
             return None
-        if _pid_alive(pid) and "_supervise" in _cmdline(pid):
+        if pid_alive(pid) and "_supervise" in cmdline(pid):
             return pid
         return None
 
     def is_running(self) -> bool:
         """True when the supervisor runs and reported the cluster ready."""
         return self.supervisor_pid() is not None and self.state().get("phase") == "ready"
+
+    def _pid_files(self) -> list[Path]:
+        return sorted(self.run_dir.rglob("*.pid")) if self.run_dir.is_dir() else []
+
+    def _pid_from_file(self, pid_file: Path) -> int | None:
+        """The live process a pid file names: ``PID STARTTIME``, or ``PID`` of a process whose
+        command line names this cluster's dir."""
+        try:
+            pid_s, *start = pid_file.read_text().split()
+            pid = int(pid_s)
+        except (OSError, ValueError):
+            return None
+        if not pid_alive(pid):
+            return None
+        if start:
+            return pid if start_time(pid) == start[0] else None
+        return pid if str(self.dir) in " ".join(cmdline(pid)) else None
 
     # ------------------------------------------------------------------ clients
 
@@ -527,11 +399,20 @@ class LocalCluster:
         )
 
     def ctr(
-        self, *args: str, check: bool = False, timeout: float | None = 600.0
+        self,
+        *args: str,
+        check: bool = False,
+        timeout: float | None = 600.0,
+        node: ClusterNode | str | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``ctr -n k8s.io`` (the CRI's namespace) against our containerd."""
+        """Run ``ctr -n k8s.io`` (the CRI's namespace) against a node's containerd (default:
+        the first node's)."""
+        if node is None:
+            node = self.nodes()[0]
+        elif isinstance(node, str):
+            node = self.node(node)
         return subprocess.run(
-            ["ctr", f"--address={self.containerd_socket}", "--namespace=k8s.io", *args],
+            ["ctr", f"--address={node.containerd_socket}", "--namespace=k8s.io", *args],
             capture_output=True,
             text=True,
             check=check,
@@ -547,32 +428,165 @@ class LocalCluster:
         if result.returncode != 0:
             raise ClusterError(f"kubectl apply failed: {result.stderr.strip()}")
 
+    # ------------------------------------------------------------------ multi-node
+
+    def node_states(self) -> dict[str, str]:
+        """Each node's state as the supervisor sees it: ``ready``, ``lost``, ``starting``."""
+        nodes = self.state().get("nodes", {})
+        return {name: str(info.get("state", "")) for name, info in nodes.items()}
+
+    @property
+    def toolbox_image(self) -> str:
+        """``localhost/eop-toolbox:<hash>`` (busybox: ``sh``, ``nc``, ``wget``, ``httpd``...),
+        imported into every node of the multi-node cluster."""
+        ref = self.state().get("images", {}).get("toolbox")
+        if not ref:
+            raise ClusterError("no toolbox image: the multi-node cluster is not running")
+        return str(ref)
+
+    def expose_host_port(self, port: int, *, timeout: float = 15.0) -> str:
+        """Let pods reach ``127.0.0.1:port`` of the machine: returns ``"10.88.0.1:port"``.
+
+        The supervisor's forwarder listens on the gateway address in the cluster's network
+        namespace and connects each connection to the host's loopback. Idempotent; it lasts
+        until :meth:`unexpose_host_port` or the cluster stops.
+        """
+        rule = Forward(
+            listen=Endpoint("cluster", GATEWAY, port), target=Endpoint("host", _LOOPBACK, port)
+        )
+        self._add_forward(f"host-{port}", rule, timeout)
+        return f"{self.gateway}:{port}"
+
+    def unexpose_host_port(self, port: int) -> None:
+        """Stop forwarding the gateway's ``port`` (open connections go on)."""
+        (self.run_dir / "forwards" / f"host-{port}.json").unlink(missing_ok=True)
+
+    def _add_forward(self, name: str, rule: Forward, timeout: float) -> None:
+        if not self.pod_network or self.supervisor_pid() is None:
+            raise ClusterError(f"the multi-node cluster in {self.dir} is not running")
+        rules = self.run_dir / "forwards"
+        rules.mkdir(parents=True, exist_ok=True)
+        tmp = rules / f".{name}.tmp"
+        tmp.write_text(json.dumps(rule.to_json()))
+        tmp.replace(rules / f"{name}.json")
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                status = json.loads((self.run_dir / "forwards.json").read_text())
+                entry = status.get("forwards", {}).get(name, {})
+                if entry.get("listening") and read_forward(entry) == rule:
+                    return
+                if entry.get("error"):
+                    raise ClusterError(f"forward {name}: {entry['error']}")
+            if time.monotonic() > deadline:
+                raise ClusterError(f"forward {name} not listening after {timeout:.0f}s")
+            time.sleep(0.1)
+
+    def lose_node(self, name: str, *, out_of_service: bool = True, timeout: float = 60.0) -> None:
+        """Lose node ``name`` as a machine is lost: its link is cut, its kubelet, containerd,
+        kube-proxy and every container are SIGKILLed. With ``out_of_service`` the cluster then
+        taints the Node ``node.kubernetes.io/out-of-service=nodeshutdown:NoExecute``, as a
+        cloud's automation does for a machine known to be down: once the node is NotReady its
+        pods are force-deleted and can start elsewhere (see docs/local-cluster.md)."""
+        self.node(name)
+        self._request("lose", timeout, node=name, out_of_service=out_of_service)
+
+    def restore_node(self, name: str, *, timeout: float = 180.0) -> None:
+        """Boot a lost node again (link, containerd, kubelet, kube-proxy); returns once it is
+        Ready, its out-of-service taint removed."""
+        self.node(name)
+        self._request("restore", timeout, node=name)
+
+    def _request(self, action: str, timeout: float, **args: Any) -> dict[str, Any]:
+        """Ask the supervisor to do ``action`` and wait for its reply."""
+        if not self.pod_network or self.supervisor_pid() is None:
+            raise ClusterError(f"the multi-node cluster in {self.dir} is not running")
+        requests = self.run_dir / "requests"
+        requests.mkdir(parents=True, exist_ok=True)
+        rid = uuid.uuid4().hex[:12]
+        tmp = requests / f".{rid}.tmp"
+        tmp.write_text(json.dumps({"action": action, **args}))
+        tmp.replace(requests / f"{rid}.request.json")
+        reply_file = requests / f"{rid}.reply.json"
+        deadline = time.monotonic() + timeout
+        while not reply_file.exists():
+            if self.supervisor_pid() is None:
+                raise ClusterError(f"the supervisor exited during {action}; see {self.log_dir}")
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{action} {args} did not finish in {timeout:.0f}s")
+            time.sleep(0.1)
+        reply: dict[str, Any] = json.loads(reply_file.read_text())
+        reply_file.unlink(missing_ok=True)
+        if reply.get("error"):
+            raise ClusterError(f"{action} {args}: {reply['error']}")
+        return reply
+
+    def exec_argv(self, where: str, argv: Sequence[str]) -> list[str]:
+        """``argv`` run inside node ``where``'s network and mount namespaces (``cluster``: the
+        cluster network namespace), e.g. ``["ip", "route"]``."""
+        if where == "cluster":
+            pid = self.supervisor_pid()
+        else:
+            pid = self._pid_from_file(self.run_dir / where / "holder.pid")
+            self.node(where)
+        if pid is None:
+            raise ClusterError(f"{where} is not running")
+        return ["nsenter", f"--target={pid}", "--net", "--mount", "--", *argv]
+
     # ------------------------------------------------------------------ life cycle
 
     def up(self, *, images: bool = True, build: bool = True, timeout: float = 300.0) -> None:
         """Start the cluster (or find it running) and, with ``images``, load the images."""
         if self.is_running():
+            running = int(self.state().get("node_count", 1))
+            if self._nodes and running != self._nodes:
+                raise ClusterError(
+                    f"{self.dir} runs {running} node(s), not {self._nodes}: `down` it first"
+                )
             _log(f"already running (supervisor pid {self.supervisor_pid()}); {self.server}")
         else:
             self._start(build=build, timeout=timeout)
         if images:
             self.load_images()
 
+    def _choose_apiserver_port(self) -> int:
+        """One node: the fixed 6443 (or the one asked for). Several: the one asked for, else
+        the one used last if it is free, else a free one; kept in ``DIR/apiserver-port``."""
+        if not self.pod_network:
+            return self._apiserver_port or DEFAULT_APISERVER_PORT
+        port = self._apiserver_port
+        if not port:
+            with contextlib.suppress(OSError, ValueError):
+                last = int((self.dir / "apiserver-port").read_text())
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    s.bind((_LOOPBACK, last))
+                port = last
+        port = port or free_port()
+        (self.dir / "apiserver-port").write_text(f"{port}\n")
+        return port
+
     def _start(self, *, build: bool, timeout: float) -> None:
         began = time.monotonic()
+        self._nodes = self.node_count  # before the old state goes
         pid = self.supervisor_pid()
         if pid is None:
             self.cleanup_leftovers()
-            ensure_packages()
+            ensure_packages(_APT_PACKAGES_NODES if self.pod_network else ())
             if build:
                 build_binaries(quiet=True)
-            if missing := self.binaries.missing():
+            needed = ["kube_apiserver", "kube_controller_manager", "kube_scheduler", "kubelet"]
+            needed += ["kubectl", "etcd"] + (["kube_proxy"] if self.pod_network else [])
+            if missing := self.binaries.missing(needed):
                 raise ClusterError(f"missing binaries {missing}; run devenv/build-kube.sh")
             build_pause_image()
+            if self.pod_network:
+                build_coredns_image()
+                build_toolbox_image()
             for d in (self.log_dir, self.run_dir):
                 d.mkdir(parents=True, exist_ok=True)
             self.state_file.unlink(missing_ok=True)
-            port = self._apiserver_port or DEFAULT_APISERVER_PORT
+            port = self._choose_apiserver_port()
             log_file = (self.log_dir / "supervisor.log").open("ab")
             argv = [
                 # A private mount namespace: the cluster's mounts never reach the machine.
@@ -586,6 +600,7 @@ class LocalCluster:
                 "_supervise",
                 f"--dir={self.dir}",
                 f"--apiserver-port={port}",
+                f"--nodes={self.node_count}",
             ]
             env = {**os.environ, "PYTHONPATH": str(REPO)}
             popen = subprocess.Popen(
@@ -611,16 +626,17 @@ class LocalCluster:
                 _log(last)
             if phase == "ready" and state.get("pid") == pid:
                 break
-            if phase == "failed" or not _pid_alive(pid):
+            if phase == "failed" or not pid_alive(pid):
                 raise ClusterError(
                     f"cluster failed to start: {state.get('error', 'supervisor exited')}\n"
                     f"--- {self.log_dir / 'supervisor.log'}:\n"
-                    f"{_tail(self.log_dir / 'supervisor.log')}"
+                    f"{log_tail(self.log_dir / 'supervisor.log')}"
                 )
             if time.monotonic() > deadline:
                 raise ClusterError(f"cluster not ready after {timeout:.0f}s (step: {last})")
             time.sleep(0.3)
-        _log(f"up in {time.monotonic() - began:.1f}s: {self.server}, node {NODE_NAME}")
+        names = ", ".join(n.name for n in self.nodes())
+        _log(f"up in {time.monotonic() - began:.1f}s: {self.server}, node(s) {names}")
 
     def down(self, *, purge: bool = False, timeout: float = 90.0) -> None:
         """Stop the supervisor (it tears the components down), then clean up leftovers."""
@@ -629,57 +645,64 @@ class LocalCluster:
             _log(f"stopping supervisor {pid}")
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout
-            while _pid_alive(pid) and time.monotonic() < deadline:
+            while pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.2)
-            if _pid_alive(pid):
+            if pid_alive(pid):
                 _log("supervisor did not stop in time: killing it")
                 os.kill(pid, signal.SIGKILL)
         self.cleanup_leftovers()
+        state = self.state()
+        if state.get("phase") in ("starting", "ready"):  # its supervisor died: cleaned up now
+            state.update(phase="stopped", step="stopped by `down` after the supervisor died")
+            self.state_file.write_text(json.dumps(state, indent=2) + "\n")
         if purge and self.dir.exists():
             _log(f"removing {self.dir}")
             shutil.rmtree(self.dir)
         _log("down")
 
     def cleanup_leftovers(self) -> None:
-        """Kill what a dead supervisor left behind: components, shims, containers, cgroups."""
-        pids = []
-        if self.run_dir.is_dir():
-            for pid_file in self.run_dir.glob("*.pid"):
-                with contextlib.suppress(OSError, ValueError):
-                    pid = int(pid_file.read_text())
-                    # Only our processes: their command line names this cluster's dir.
-                    if _pid_alive(pid) and str(self.dir) in " ".join(_cmdline(pid)):
-                        pids.append(pid)
-        pids.extend(self._shim_pids())
+        """Kill what a dead supervisor left behind: components, shims, containers, cgroups.
+
+        On the multi-node cluster that also ends its network: its namespaces live only as long
+        as the processes in them (node holders, the supervisor, containers).
+        """
+        pids = [p for f in self._pid_files() if (p := self._pid_from_file(f)) is not None]
+        pids.extend(self.shim_pids())
         if pids:
             _log(f"killing leftover processes {sorted(pids)}")
-            _kill_and_wait(pids, timeout=5.0)
-        if left := _remove_cgroups():
+            kill_and_wait(pids, timeout=5.0)
+        if left := remove_cgroups(self.cgroup_base):
             _log(f"could not remove cgroups: {left}")
-        if self.run_dir.is_dir():
-            for pid_file in self.run_dir.glob("*.pid"):
-                pid_file.unlink(missing_ok=True)
-        # Our shims' sockets live in /run/containerd/s (hard-coded in containerd 1.6); remove
-        # the directories when nothing else uses them (rmdir fails on a non-empty one).
+        for pid_file in self._pid_files():
+            pid_file.unlink(missing_ok=True)
+        # The single node's shims' sockets live in /run/containerd/s (hard-coded in containerd
+        # 1.6); remove the directories when nothing else uses them (rmdir fails on a non-empty
+        # one). The multi-node cluster's nodes have a /run of their own.
         for d in (Path("/run/containerd/s"), Path("/run/containerd")):
             with contextlib.suppress(OSError):
                 d.rmdir()
 
-    def _shim_pids(self) -> list[int]:
-        """containerd shims started by our containerd (they name its socket)."""
-        sock = str(self.containerd_socket)
+    def shim_pids(self, nodes: Sequence[ClusterNode] | None = None) -> list[int]:
+        """containerd shims started by our containerds (they name its socket)."""
+        socks = {str(n.containerd_socket) for n in (self.nodes() if nodes is None else nodes)}
         found = []
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
-                argv = _cmdline(int(entry.name))
-                if argv and "containerd-shim" in argv[0] and sock in argv:
+                argv = cmdline(int(entry.name))
+                if argv and "containerd-shim" in argv[0] and socks.intersection(argv):
                     found.append(int(entry.name))
         return found
 
     # ------------------------------------------------------------------ images
 
+    @property
+    def loaded_images_file(self) -> Path:
+        """The eop images :meth:`load_images` imported (ref -> archive): a restored node of
+        the multi-node cluster gets them too."""
+        return self.dir / "images.json"
+
     def load_images(self, *, prune: bool = True) -> dict[str, str]:
-        """``devenv/images.sh all``, then import both archives into our containerd.
+        """``devenv/images.sh all``, then import both archives into every running node.
 
         An image whose ref is already imported is skipped. With ``prune``, other tags of
         ``localhost/eop-operator`` and ``localhost/eop-spark`` are removed from containerd
@@ -702,485 +725,48 @@ class LocalCluster:
             raise ClusterError(f"{IMAGES_SCRIPT} printed no image refs: {result.stdout!r}")
         built = time.monotonic()
         _log(f"images built in {built - began:.1f}s: {' '.join(refs.values())}")
-        present = set(self.ctr("images", "ls", "-q", check=True).stdout.split())
-        snapshotter = str(self.state().get("snapshotter", "overlayfs"))
         images_dir = cache_root() / "images"
-        for name, ref in refs.items():
-            if ref in present:
-                _log(f"already imported: {ref}")
-                continue
-            archive = images_dir / f"eop-{name}-{ref.rsplit(':', 1)[1]}.tar"
-            start = time.monotonic()
-            self.ctr("images", "import", f"--snapshotter={snapshotter}", str(archive), check=True)
-            _log(f"imported {ref} in {time.monotonic() - start:.1f}s")
-        if prune:
-            stale = [
-                r
-                for r in present
-                if r.startswith(("localhost/eop-operator:", "localhost/eop-spark:"))
-                and r not in refs.values()
-            ]
-            if stale:
-                self.ctr("images", "rm", *stale)
-                _log(f"removed older images: {' '.join(sorted(stale))}")
-        return refs
-
-
-# ----------------------------------------------------------------------------- supervisor
-
-
-class _Stop(Exception):
-    """SIGTERM/SIGINT reached the supervisor."""
-
-
-class _Supervisor:
-    """Runs in the private mount namespace: starts, watches and stops every component."""
-
-    def __init__(self, cluster: LocalCluster, apiserver_port: int) -> None:
-        self.c = cluster
-        self.apiserver_port = apiserver_port
-        self.children: list[_Child] = []
-        self.cp: ControlPlane | None = None
-        self.state: dict[str, Any] = {
-            "phase": "starting",
-            "pid": os.getpid(),
-            "apiserver_port": apiserver_port,
-            "node": NODE_NAME,
-            "kubeconfig": str(cluster.kubeconfig),
+        archives = {
+            ref: images_dir / f"eop-{name}-{ref.rsplit(':', 1)[1]}.tar"
+            for name, ref in refs.items()
         }
-        self.snapshotter = "overlayfs"
-
-    # ------------------------------------------------------------------ helpers
-
-    def _write_state(self, **changes: Any) -> None:
-        self.state.update(changes)
-        tmp = self.c.state_file.with_name("state.json.tmp")
-        tmp.write_text(json.dumps(self.state, indent=2) + "\n")
-        tmp.replace(self.c.state_file)
-
-    def _step(self, text: str) -> None:
-        print(f"{time.strftime('%F %T')} {text}", flush=True)
-        self._write_state(step=text)
-
-    def _spawn(
-        self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
-    ) -> _Child:
-        popen, log_file = spawn_logged(argv, self.c.log_path(name), cwd=self.c.dir, env=env)
-        child = _Child(name, popen, log_file)
-        self.children.append(child)
-        (self.c.run_dir / f"{name}.pid").write_text(f"{popen.pid}\n")
-        return child
-
-    def _stop_child(self, child: _Child, timeout: float = 15.0) -> None:
-        if child.popen.poll() is None:
-            child.popen.terminate()
-            try:
-                child.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                child.popen.kill()
-                child.popen.wait()
-        child.log_file.close()
-        (self.c.run_dir / f"{child.name}.pid").unlink(missing_ok=True)
-        if child in self.children:
-            self.children.remove(child)
-
-    def _wait_for(self, what: str, child: _Child | None, check: Any, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
-            if child is not None and child.popen.poll() is not None:
-                raise ClusterError(
-                    f"{child.name} exited ({child.popen.returncode}) while waiting for {what}; "
-                    f"last lines of {self.c.log_path(child.name)}:\n"
-                    f"{_tail(self.c.log_path(child.name))}"
-                )
-            if time.monotonic() > deadline:
-                log = self.c.log_path(child.name) if child else None
-                tail = f"\nlast lines of {log}:\n{_tail(log)}" if log else ""
-                raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}{tail}")
-            time.sleep(0.3)
-
-    # ------------------------------------------------------------------ run
-
-    def run(self) -> int:
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            raise _Stop
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        code = 0
-        try:
-            self._write_state()
-            self._start()
-            self._write_state(phase="ready", step="ready", ready_at=time.time())
-            self._watch()
-        except _Stop:
-            print("stopping on signal", flush=True)
-        except Exception as exc:
-            print(f"error: {exc}", flush=True)
-            self._write_state(phase="failed", error=str(exc))
-            code = 1
-        finally:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            self._teardown()
-            if self.state.get("phase") != "failed":
-                self._write_state(phase="stopped", step="stopped")
-        return code
-
-    def _watch(self) -> None:
-        while True:
-            for child in self.children:
-                if child.popen.poll() is not None:
-                    raise ClusterError(
-                        f"{child.name} exited with {child.popen.returncode}; "
-                        f"see {self.c.log_path(child.name)}"
-                    )
-            if self.cp is not None and not self.cp.running:
-                raise ClusterError(f"a control-plane component exited; see {self.cp.log_dir}")
-            time.sleep(1.0)
-
-    def _start(self) -> None:
-        c = self.c
-        for d in (c.log_dir, c.run_dir, c.volumes_dir, c.log_dir / "pods"):
-            d.mkdir(parents=True, exist_ok=True)
-        self._step("isolating: sysctl masks, /var/log")
-        self._isolate()
-        self._step("starting the control plane")
-        self.cp = ControlPlane(
-            c.control_plane_dir,
-            binaries=c.binaries,
-            scheduler=True,
-            apiserver_port=self.apiserver_port,
-            extra_apiserver_args=[
-                # Reach the kubelet at the node's InternalIP (127.0.0.1), nothing else.
-                "--kubelet-preferred-address-types=InternalIP",
-            ],
-        )
-        self.cp.start()
-        for name, pid in self.cp.pids.items():
-            (c.run_dir / f"{name}.pid").write_text(f"{pid}\n")
-        shutil.copyfile(self.cp.kubeconfig, c.kubeconfig)
-        c.kubeconfig.chmod(0o600)
-        self._step(f"control plane up in {self.cp.start_seconds:.1f}s; starting containerd")
-        self._start_containerd()
-        self._step("importing the pause image")
-        _, archive = build_pause_image()
-        c.ctr("images", "import", f"--snapshotter={self.snapshotter}", str(archive), check=True)
-        self._step("starting the kubelet")
-        self._start_kubelet()
-        self._step("storage class and hostPath provisioner")
-        self._ensure_storage_class()
-        self._spawn(
-            "hostpath-provisioner",
-            [
-                sys.executable,
-                "-m",
-                "devenv.hostpath_provisioner",
-                f"--kubeconfig={c.kubeconfig}",
-                f"--root={c.volumes_dir}",
-                f"--node={NODE_NAME}",
-                f"--storage-class={STORAGE_CLASS}",
-            ],
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        )
-
-    def _ensure_storage_class(self) -> None:
-        """Apply the StorageClass; replace one with another binding mode (an immutable field,
-        so a cluster dir made before the switch to WaitForFirstConsumer keeps working)."""
-        wanted = storage_class_manifest()
-        current = self.c.kubectl("get", "storageclass", STORAGE_CLASS, "-o", "json")
-        if current.returncode == 0:
-            mode = json.loads(current.stdout).get("volumeBindingMode")
-            if mode != wanted["volumeBindingMode"]:
-                print(f"replacing StorageClass {STORAGE_CLASS} (binding mode {mode})", flush=True)
-                self.c.kubectl("delete", "storageclass", STORAGE_CLASS, check=True)
-        self.c.apply(wanted)
-
-    def _isolate(self) -> None:
-        """Private-namespace-only changes: mask kubelet sysctls, give it our /var/log."""
-        masks = self.c.run_dir / "sysctl"
-        masks.mkdir(exist_ok=True)
-        for key, value in _KUBELET_SYSCTLS.items():
-            target = Path("/proc/sys") / key
-            if target.read_text().strip() == value:
+        states = self.node_states()
+        for node in self.nodes():
+            if self.pod_network and states.get(node.name) != "ready":
+                _log(f"{node.name} is {states.get(node.name) or 'down'}: not importing")
                 continue
-            fake = masks / key.replace("/", ".")
-            fake.write_text(value + "\n")
-            subprocess.run(["mount", "--bind", str(fake), str(target)], check=True)
-        # The kubelet symlinks container logs into the hard-coded /var/log/containers.
-        var_log = self.c.dir / "node" / "var-log"
-        var_log.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["mount", "--bind", str(var_log), "/var/log"], check=True)
-
-    # ------------------------------------------------------------------ containerd
-
-    def _containerd_config(self, snapshotter: str, sandbox_image: str) -> str:
-        d = self.c.containerd_dir
-        cri = 'plugins."io.containerd.grpc.v1.cri"'
-        return f"""\
-# Written by devenv/cluster.py for the local cluster; see docs/local-cluster.md.
-version = 2
-# Everything of this containerd lives under the cluster dir: nothing in /var/lib/containerd
-# or /run/containerd (except the shims' sockets, /run/containerd/s/<hash of our socket>).
-root = "{d / "root"}"
-state = "{d / "state"}"
-# Fail at start-up if the CRI plugin cannot load (the kubelet needs nothing else).
-required_plugins = ["io.containerd.grpc.v1.cri"]
-# Snapshotters that cannot work here; they would only log errors.
-disabled_plugins = [
-  "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs",
-]
-
-[grpc]
-  address = "{self.c.containerd_socket}"
-
-[ttrpc]
-  address = "{d / "containerd.sock.ttrpc"}"
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d / "opt"}"
-
-[{cri}]
-  # No registry is reachable: the sandbox (pause) image is built locally and imported.
-  sandbox_image = "{sandbox_image}"
-  # kubectl exec/attach/port-forward streams: loopback, a free port.
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  # We lack CAP_SYS_RESOURCE here, so no process may lower its oom_score_adj; the CRI
-  # asks for -998 (sandboxes) and -997 (Guaranteed pods), which runc then fails to set
-  # ("can't get final child's PID from pipe"). Clamp requests to containerd's own score.
-  restrict_oom_score_adj = true
-  # No AppArmor or SELinux here; do not load profiles into the kernel.
-  disable_apparmor = true
-  enable_selinux = false
-
-  [{cri}.containerd]
-    # overlayfs when the kernel allows it (checked at start), else native (copies).
-    snapshotter = "{snapshotter}"
-    default_runtime_name = "runc"
-
-    [{cri}.containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-
-      [{cri}.containerd.runtimes.runc.options]
-        BinaryName = "/usr/sbin/runc"
-        # runc's state under ours, not /run/containerd/runc.
-        Root = "{d / "state" / "runc"}"
-        # The kubelet's cgroup driver is cgroupfs (no systemd here); both must agree.
-        SystemdCgroup = false
-
-  [{cri}.cni]
-    # Pods use the host network, so no CNI plugin ever runs; but the CRI reports the
-    # network ready (and the kubelet the node Ready) only once a config exists here.
-    bin_dir = "{_CNI_BIN_DIR}"
-    conf_dir = "{self.c.dir / "cni" / "net.d"}"
-"""
-
-    def _start_containerd(self) -> None:
-        c = self.c
-        d = c.containerd_dir
-        for sub in ("root", "state", "opt"):
-            (d / sub).mkdir(parents=True, exist_ok=True)
-        cni = c.dir / "cni" / "net.d"
-        cni.mkdir(parents=True, exist_ok=True)
-        # A loopback-only network: enough for the CRI to report NetworkReady.
-        (cni / "10-eop-host.conflist").write_text(
-            json.dumps(
-                {"cniVersion": "1.0.0", "name": "eop-host", "plugins": [{"type": "loopback"}]},
-                indent=2,
+            present = set(self.ctr("images", "ls", "-q", check=True, node=node).stdout.split())
+            snapshotter = str(self.state().get("snapshotter", "overlayfs"))
+            for ref, archive in archives.items():
+                if ref in present:
+                    _log(f"already imported: {ref}")
+                    continue
+                start = time.monotonic()
+                self.ctr(
+                    "images",
+                    "import",
+                    f"--snapshotter={snapshotter}",
+                    str(archive),
+                    check=True,
+                    node=node,
+                )
+                where = f" into {node.name}" if self.pod_network else ""
+                _log(f"imported {ref}{where} in {time.monotonic() - start:.1f}s")
+            if prune:
+                stale = [
+                    r
+                    for r in present
+                    if r.startswith(("localhost/eop-operator:", "localhost/eop-spark:"))
+                    and r not in refs.values()
+                ]
+                if stale:
+                    self.ctr("images", "rm", *stale, node=node)
+                    _log(f"removed older images: {' '.join(sorted(stale))}")
+        if self.pod_network:
+            self.loaded_images_file.write_text(
+                json.dumps({ref: str(a) for ref, a in archives.items()}, indent=2) + "\n"
             )
-            + "\n"
-        )
-        pause_ref, _ = build_pause_image()
-        for snapshotter in ("overlayfs", "native"):
-            config = d / "config.toml"
-            config.write_text(self._containerd_config(snapshotter, pause_ref))
-            c.containerd_socket.unlink(missing_ok=True)
-            child = self._spawn("containerd", ["containerd", f"--config={config}"])
-            self._wait_for(
-                "containerd's socket",
-                child,
-                lambda: c.ctr("version", timeout=10).returncode == 0,
-                60,
-            )
-            plugins = c.ctr("plugins", "ls", check=True).stdout
-            status = {
-                tuple(line.split()[:2]): line.split()[-1]
-                for line in plugins.splitlines()[1:]
-                if len(line.split()) >= 4
-            }
-            if status.get(("io.containerd.snapshotter.v1", snapshotter)) == "ok":
-                self.snapshotter = snapshotter
-                self._write_state(snapshotter=snapshotter)
-                return
-            print(f"snapshotter {snapshotter} unavailable; trying the next", flush=True)
-            self._stop_child(child)
-        raise ClusterError("neither the overlayfs nor the native snapshotter works")
-
-    # ------------------------------------------------------------------ kubelet
-
-    def _kubelet_config(self, port: int, healthz_port: int) -> str:
-        c = self.c
-        assert self.cp is not None
-        pki = self.cp.pki_dir
-        return f"""\
-# Written by devenv/cluster.py for the local cluster; see docs/local-cluster.md.
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-# The kubelet API (logs, exec, metrics) on loopback only, a port picked at start; the
-# apiserver reads it from the Node's status. No unauthenticated read-only port.
-address: 127.0.0.1
-port: {port}
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-healthzPort: {healthz_port}
-# Serving certificate signed by the cluster CA (no TLS bootstrap, no rotation).
-tlsCertFile: {pki / "kubelet-serving.crt"}
-tlsPrivateKeyFile: {pki / "kubelet-serving.key"}
-rotateCertificates: false
-serverTLSBootstrap: false
-# Only the apiserver (client cert from the cluster CA) may call the kubelet; what it may do
-# is asked of the apiserver (SubjectAccessReview).
-authentication:
-  anonymous:
-    enabled: false
-  webhook:
-    enabled: true
-  x509:
-    clientCAFile: {pki / "ca.crt"}
-authorization:
-  mode: Webhook
-# Our containerd (CRI) socket.
-containerRuntimeEndpoint: unix://{c.containerd_socket}
-# This machine has cgroup v1 (plus an empty cgroup2 mount): recent kubelets refuse v1
-# unless told to accept it. No systemd as init, so the cgroupfs driver (containerd's runc
-# options say the same).
-failCgroupV1: false
-cgroupDriver: cgroupfs
-# Pods and QoS classes live under {CGROUP_ROOT}/kubepods in each hierarchy, apart from the
-# machine's own cgroups; `down` removes {CGROUP_ROOT}.
-cgroupRoot: {CGROUP_ROOT}
-cgroupsPerQOS: true
-enforceNodeAllocatable: [pods]
-# No CAP_SYS_RESOURCE here: the kubelet can neither lower its own oom_score_adj (default
-# -999) nor raise RLIMIT_NOFILE above the hard limit (default 1000000); keep both as they are.
-oomScoreAdj: 0
-maxOpenFiles: {resource.getrlimit(resource.RLIMIT_NOFILE)[1]}
-# No swap here, but do not refuse to start if there is.
-failSwapOn: false
-# The kubelet would set vm.overcommit_memory, kernel.panic, ... machine-wide; true would make
-# it fail instead. The supervisor masks those sysctls in its private mount namespace, so the
-# kubelet finds the values it wants and changes nothing.
-protectKernelDefaults: false
-# Container logs under the cluster dir (kubectl logs reads them through the kubelet).
-podLogsDir: {c.log_dir / "pods"}
-containerLogMaxSize: 10Mi
-containerLogMaxFiles: 3
-# Images cannot be pulled again (no registry): never garbage-collect them for disk space.
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-# A shared dev machine: evict only when really short (the defaults evict at 10-15% free
-# disk, which other engineers' data can reach and which would taint the node).
-evictionHard:
-  memory.available: 100Mi
-  nodefs.available: 1%
-  imagefs.available: 1%
-  nodefs.inodesFree: 1%
-# No cluster DNS: pods get the host's resolver (and clients use 127.0.0.1 anyway).
-resolvConf: /etc/resolv.conf
-clusterDomain: cluster.local
-# No static pods, no graceful node shutdown (needs systemd-logind).
-staticPodPath: ""
-shutdownGracePeriod: 0s
-registerNode: true
-"""
-
-    def _start_kubelet(self) -> None:
-        c = self.c
-        cp = self.cp
-        assert cp is not None
-        cp.issue_certificate(
-            "kubelet-client", f"/O=system:nodes/CN=system:node:{NODE_NAME}", "clientAuth"
-        )
-        kubeconfig = cp.cert_kubeconfig("kubelet-client", f"system:node:{NODE_NAME}")
-        cp.issue_certificate(
-            "kubelet-serving", f"/CN={NODE_NAME}", "serverAuth", f"IP:{NODE_NAME},DNS:localhost"
-        )
-        _prepare_cgroup_root()
-        root = c.kubelet_dir / "root"
-        root.mkdir(parents=True, exist_ok=True)
-        healthz_port = free_port()
-        config = c.kubelet_dir / "config.yaml"
-        config.write_text(self._kubelet_config(free_port(), healthz_port))
-        child = self._spawn(
-            "kubelet",
-            [
-                str(c.binaries.kubelet),
-                f"--config={config}",
-                f"--kubeconfig={kubeconfig}",
-                # State, volumes, plugins, pod dirs: under the cluster dir.
-                f"--root-dir={root}",
-                # The node name, and through it the node's only address; see NODE_NAME.
-                f"--hostname-override={NODE_NAME}",
-                "--v=1",
-            ],
-        )
-
-        def healthy() -> bool:
-            try:
-                url = f"http://127.0.0.1:{healthz_port}/healthz"
-                with urllib.request.urlopen(url, timeout=2) as resp:
-                    return bool(resp.status == 200)
-            except (OSError, urllib.error.URLError):
-                return False
-
-        self._wait_for("the kubelet's /healthz", child, healthy, 90)
-
-        def node_ready() -> bool:
-            out = c.kubectl("get", "node", NODE_NAME, "-o", "json", timeout=10)
-            if out.returncode != 0:
-                return False
-            conditions = json.loads(out.stdout).get("status", {}).get("conditions", [])
-            return any(x["type"] == "Ready" and x["status"] == "True" for x in conditions)
-
-        self._wait_for(f"node {NODE_NAME} Ready", child, node_ready, 120)
-
-    # ------------------------------------------------------------------ teardown
-
-    def _teardown(self) -> None:
-        c = self.c
-        for name in ("hostpath-provisioner", "kubelet"):
-            for child in [x for x in self.children if x.name == name]:
-                print(f"stopping {name}", flush=True)
-                self._stop_child(child)
-        containerd = [x for x in self.children if x.name == "containerd"]
-        if containerd and containerd[0].popen.poll() is None:
-            # Stop every container and sandbox (the kubelet no longer does).
-            tasks = c.ctr("tasks", "ls", "-q", timeout=30)
-            ids = tasks.stdout.split() if tasks.returncode == 0 else []
-            if ids:
-                print(f"killing {len(ids)} containers", flush=True)
-                for cid in ids:
-                    c.ctr("tasks", "kill", "--all", "--signal=SIGKILL", cid, timeout=30)
-                time.sleep(0.5)
-                c.ctr("tasks", "delete", "--force", *ids, timeout=60)
-        for child in list(self.children):
-            print(f"stopping {child.name}", flush=True)
-            self._stop_child(child)
-        shims = c._shim_pids()
-        if shims:
-            print(f"killing leftover shims {shims}", flush=True)
-            _kill_and_wait(shims, timeout=5.0)
-        if left := _remove_cgroups():
-            print(f"could not remove cgroups {left}", flush=True)
-        if self.cp is not None:
-            print("stopping the control plane", flush=True)
-            self.cp.stop()
-            for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
-                (c.run_dir / f"{name}.pid").unlink(missing_ok=True)
+        return refs
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -1201,17 +787,24 @@ def _status(cluster: LocalCluster) -> int:
     print(f"apiserver:  {cluster.server}")
     print(f"kubeconfig: {cluster.kubeconfig}")
     print(f"logs:       {cluster.log_dir}")
-    for pid_file in sorted(cluster.run_dir.glob("*.pid")):
+    if cluster.pod_network:
+        print(f"gateway:    {GATEWAY} (pods reach exposed host ports here)")
+        for name, info in state.get("nodes", {}).items():
+            print(f"  {name:<8} {info.get('address', ''):<12} {info.get('pod_cidr', ''):<15} "
+                  f"{info.get('state', '')}")  # fmt: skip
+    for pid_file in cluster._pid_files():
         with contextlib.suppress(OSError, ValueError):
-            p = int(pid_file.read_text())
-            print(f"  {pid_file.stem:<24} {p:>8} {'running' if _pid_alive(p) else 'DEAD'}")
+            p = int(pid_file.read_text().split()[0])
+            name = str(pid_file.relative_to(cluster.run_dir))[: -len(".pid")]
+            alive = cluster._pid_from_file(pid_file) is not None or pid_alive(p)
+            print(f"  {name:<24} {p:>8} {'running' if alive else 'DEAD'}")
     result = cluster.kubectl("get", "nodes", "-o", "wide", timeout=15)
     print(result.stdout or result.stderr, end="")
     return 0 if phase == "ready" else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m devenv.cluster {up,down,status,load-images,kubeconfig}``."""
+    """``python -m devenv.cluster {up,down,status,load-images,kubeconfig,node-lose,...}``."""
     parser = argparse.ArgumentParser(
         prog="python -m devenv.cluster",
         description=__doc__,
@@ -1222,25 +815,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     def add(name: str, help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help)
         p.add_argument("--dir", type=Path, default=None, help="cluster dir (see above)")
+        p.add_argument(
+            "--nodes",
+            type=int,
+            default=None,
+            help="node count (up; default 1); without --dir also picks the default dir",
+        )
         return p
 
     up = add("up", help="start the cluster (idempotent) and load the images")
     up.add_argument("--no-images", action="store_true", help="skip devenv/images.sh + import")
     up.add_argument("--no-build", action="store_true", help="do not run build-kube.sh")
-    up.add_argument("--apiserver-port", type=int, default=None, help="default 6443")
+    up.add_argument(
+        "--apiserver-port", type=int, default=None, help="default 6443 (one node), else free"
+    )
     up.add_argument("--timeout", type=float, default=300.0)
     down = add("down", help="stop everything")
     down.add_argument("--purge", action="store_true", help="also delete the cluster dir")
-    add("status", help="show the components and the node")
+    add("status", help="show the components and the nodes")
     add("load-images", help="build the images and import them into the cluster")
     add("kubeconfig", help="print the admin kubeconfig path")
+    lose = add("node-lose", help="lose a node: cut its link, SIGKILL all of it")
+    lose.add_argument("node")
+    lose.add_argument(
+        "--no-out-of-service",
+        action="store_true",
+        help="do not taint it out-of-service (its StatefulSet pods then stay Terminating)",
+    )
+    restore = add("node-restore", help="boot a lost node again")
+    restore.add_argument("node")
+    expose = add("expose", help="let pods reach the host's 127.0.0.1:PORT at the gateway")
+    expose.add_argument("port", type=int)
+    run = add("exec", help="run a command in a node's (or `cluster`) namespaces")
+    run.add_argument("where", help="a node name, or `cluster` for the cluster network")
+    run.add_argument("argv", nargs=argparse.REMAINDER, help="the command (after --)")
     sup = add("_supervise", help=argparse.SUPPRESS)
     sup.add_argument("--apiserver-port", type=int, default=DEFAULT_APISERVER_PORT)
     args = parser.parse_args(argv)
 
     port = getattr(args, "apiserver_port", None)
-    cluster = LocalCluster(args.dir, apiserver_port=port)
     try:
+        cluster = LocalCluster(args.dir, apiserver_port=port, nodes=args.nodes)
         if args.command == "up":
             cluster.up(images=not args.no_images, build=not args.no_build, timeout=args.timeout)
             print(f"export KUBECONFIG={cluster.kubeconfig}")
@@ -1257,9 +872,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "kubeconfig":
             print(cluster.kubeconfig)
             return 0
+        if args.command == "node-lose":
+            began = time.monotonic()
+            cluster.lose_node(args.node, out_of_service=not args.no_out_of_service)
+            print(f"{args.node} lost in {time.monotonic() - began:.1f}s")
+            return 0
+        if args.command == "node-restore":
+            began = time.monotonic()
+            cluster.restore_node(args.node)
+            print(f"{args.node} Ready again in {time.monotonic() - began:.1f}s")
+            return 0
+        if args.command == "expose":
+            print(cluster.expose_host_port(args.port))
+            return 0
+        if args.command == "exec":
+            command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+            return subprocess.run(cluster.exec_argv(args.where, command or ["sh"])).returncode
         if args.command == "_supervise":
-            return _Supervisor(cluster, args.apiserver_port).run()
-    except (ClusterError, ControlPlaneError, subprocess.CalledProcessError) as exc:
+            from devenv.cluster_supervisor import Supervisor  # it imports this module
+
+            return Supervisor(cluster, args.apiserver_port).run()
+    except (
+        ClusterError,
+        ControlPlaneError,
+        ImageError,
+        NetnsError,
+        subprocess.CalledProcessError,
+    ) as exc:
         detail = ""
         if isinstance(exc, subprocess.CalledProcessError):
             detail = f"\n{exc.stdout or ''}{exc.stderr or ''}"

@@ -10,10 +10,16 @@ the claim's uid) with node affinity to the one node; the PV controller then bind
 and the scheduler, waiting for that in its binding cycle, binds the pod. A released volume of
 ours whose reclaim policy is ``Delete`` loses its directory and its PV object.
 
+On the multi-node cluster it serves every node, each with a directory of its own
+(``--node node1=DIR1 --node node2=DIR2``): a volume is made on the node the scheduler picked
+and bound to it by node affinity, so a pod using it can only run there (a lost node's volumes
+are lost with it).
+
 It reacts to watch events on claims and volumes and re-lists every ``--resync`` seconds, so a
 missed event only delays a claim. Run by ``python -m devenv.cluster up``; by hand::
 
     python -m devenv.hostpath_provisioner --kubeconfig K --root DIR --node 127.0.0.1
+    python -m devenv.hostpath_provisioner --kubeconfig K --node node1=DIR1 --node node2=DIR2
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -68,21 +74,21 @@ def storage_class_manifest(name: str = STORAGE_CLASS) -> dict[str, Any]:
 
 
 class HostPathProvisioner:
-    """Binds pending claims of ``storage_class`` to new hostPath PVs under ``root``."""
+    """Binds pending claims of ``storage_class`` to new hostPath PVs under the directory of
+    the node the scheduler picked."""
 
     def __init__(
         self,
         core: Any,
         storage: Any,
-        root: Path,
-        node: str,
+        roots: Mapping[str, Path],
         storage_class: str = STORAGE_CLASS,
     ) -> None:
-        """``core``/``storage``: ``kubernetes.client.CoreV1Api`` / ``StorageV1Api``."""
+        """``core``/``storage``: ``kubernetes.client.CoreV1Api`` / ``StorageV1Api``;
+        ``roots``: node name -> the directory of its volumes."""
         self.core = core
         self.storage = storage
-        self.root = root.resolve()
-        self.node = node
+        self.roots = {node: root.resolve() for node, root in roots.items()}
         self.storage_class = storage_class
 
     # ------------------------------------------------------------------ reconcile
@@ -124,12 +130,12 @@ class HostPathProvisioner:
                 self._delete(pv)
 
     def _selected_here(self, pvc: Any) -> bool:
-        """Whether the scheduler has put the claim's first pod on our node."""
+        """Whether the scheduler has put the claim's first pod on one of our nodes."""
         node = (pvc.metadata.annotations or {}).get(SELECTED_NODE)
-        if node is not None and node != self.node:
+        if node is not None and node not in self.roots:
             log.warning("%s/%s: selected node %s is not ours", pvc.metadata.namespace,
                         pvc.metadata.name, node)  # fmt: skip
-        return bool(node == self.node)
+        return node in self.roots
 
     def _provision(self, pvc: Any, reclaim: str) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -138,7 +144,9 @@ class HostPathProvisioner:
         if (pvc.spec.volume_mode or "Filesystem") != "Filesystem":
             log.warning("%s/%s: volumeMode %s is not supported", ns, name, pvc.spec.volume_mode)
             return
-        path = self.root / f"{ns}.{name}.{uid[:8]}"
+        # The scheduler's pick (WaitForFirstConsumer), else (Immediate) the only node there is.
+        node = (pvc.metadata.annotations or {}).get(SELECTED_NODE) or next(iter(self.roots))
+        path = self.roots[node] / f"{ns}.{name}.{uid[:8]}"
         path.mkdir(parents=True, exist_ok=True)
         path.chmod(0o777)
         size = ((pvc.spec.resources.requests or {}) if pvc.spec.resources else {}).get(
@@ -173,7 +181,7 @@ class HostPathProvisioner:
                                     {
                                         "key": "kubernetes.io/hostname",
                                         "operator": "In",
-                                        "values": [self.node],
+                                        "values": [node],
                                     }
                                 ]
                             }
@@ -193,7 +201,8 @@ class HostPathProvisioner:
         from kubernetes.client.exceptions import ApiException
 
         path = Path((pv.metadata.annotations or {}).get(_PATH_ANNOTATION, ""))
-        if path.is_absolute() and path.resolve().parent == self.root and path.exists():
+        ours = set(self.roots.values())
+        if path.is_absolute() and path.resolve().parent in ours and path.exists():
             shutil.rmtree(path, ignore_errors=True)
         try:
             self.core.delete_persistent_volume(pv.metadata.name)
@@ -245,8 +254,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command line: run until SIGTERM/SIGINT."""
     parser = argparse.ArgumentParser(prog="python -m devenv.hostpath_provisioner")
     parser.add_argument("--kubeconfig", required=True, type=Path)
-    parser.add_argument("--root", required=True, type=Path, help="directory of the volumes")
-    parser.add_argument("--node", required=True, help="the node name (volume node affinity)")
+    parser.add_argument("--root", type=Path, help="directory of the volumes of --node NAME")
+    parser.add_argument(
+        "--node",
+        required=True,
+        action="append",
+        help="a node served: NAME (volumes in --root) or NAME=DIR; repeat for several",
+    )
     parser.add_argument("--storage-class", default=STORAGE_CLASS)
     parser.add_argument("--resync", type=float, default=15.0, help="seconds between re-lists")
     args = parser.parse_args(argv)
@@ -259,10 +273,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     api = config.new_client_from_config(  # type: ignore[no-untyped-call]
         config_file=str(args.kubeconfig)
     )
+    roots: dict[str, Path] = {}
+    for spec in args.node:
+        name, _, root = spec.partition("=")
+        if not root and args.root is None:
+            parser.error(f"--node {name}: give its directory (--node {name}=DIR or --root DIR)")
+        roots[name] = Path(root) if root else args.root
     provisioner = HostPathProvisioner(
-        client.CoreV1Api(api), client.StorageV1Api(api), args.root, args.node, args.storage_class
+        client.CoreV1Api(api), client.StorageV1Api(api), roots, args.storage_class
     )
-    args.root.mkdir(parents=True, exist_ok=True)
+    for root in roots.values():
+        root.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -270,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    log.info("serving StorageClass %s: volumes in %s", args.storage_class, args.root)
+    log.info("serving StorageClass %s: volumes in %s", args.storage_class, roots)
     provisioner.run(stop, args.resync)
     return 0
 

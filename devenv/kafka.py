@@ -141,6 +141,7 @@ class KafkaBroker:
         start_timeout: float = 120.0,
         sasl_plain_users: Mapping[str, str] | None = None,
         tls_certs: Path | str | None = None,
+        cluster_address: str | None = None,
     ) -> None:
         """Describe a broker; nothing runs until :meth:`start`.
 
@@ -153,6 +154,11 @@ class KafkaBroker:
         (:attr:`tls_bootstrap_servers`, server authentication only) and ``MTLS``
         (:attr:`mtls_bootstrap_servers`, client certificates signed by ``ca.crt``
         required).
+        ``cluster_address`` (the multi-node local cluster's gateway, ``10.88.0.1``) adds a
+        PLAINTEXT listener ``CLUSTER`` bound on 127.0.0.1 like the others but advertised at
+        that address (:attr:`cluster_bootstrap_servers`): pods reach it through the cluster's
+        forward of :attr:`cluster_port` (``LocalCluster.expose_host_port``), and the metadata
+        they get back names an address they can reach. Host clients keep the other listeners.
         """
         self.work_dir = Path(work_dir).resolve()
         self.heap = heap
@@ -161,6 +167,8 @@ class KafkaBroker:
         self._sasl_port: int | None = None
         self.tls_certs = Path(tls_certs).resolve() if tls_certs is not None else None
         self._tls_ports: tuple[int, int] | None = None
+        self.cluster_address = cluster_address
+        self._cluster_port: int | None = None
         self.start_timeout = start_timeout
         self._port: int | None = None
         self._controller_port: int | None = None
@@ -198,6 +206,18 @@ class KafkaBroker:
     def mtls_bootstrap_servers(self) -> str:
         """``"127.0.0.1:PORT"`` of the mutual TLS listener (client certificate required)."""
         return f"127.0.0.1:{self._tls_port(1)}"
+
+    @property
+    def cluster_port(self) -> int:
+        """The ``CLUSTER`` listener's port on 127.0.0.1 (``cluster_address`` given)."""
+        if self._cluster_port is None or self.cluster_address is None:
+            raise KafkaBrokerError("the broker has no CLUSTER listener (or has not been started)")
+        return self._cluster_port
+
+    @property
+    def cluster_bootstrap_servers(self) -> str:
+        """``"<cluster_address>:PORT"``: the bootstrap servers for pods of the local cluster."""
+        return f"{self.cluster_address}:{self.cluster_port}"
 
     def _tls_port(self, index: int) -> int:
         if self._tls_ports is None:
@@ -274,6 +294,8 @@ class KafkaBroker:
             props.update(self._sasl_properties())
         if self._tls_ports is not None:
             props.update(self._tls_properties(props))
+        if self._cluster_port is not None:
+            props.update(self._cluster_properties(props))
         props.update(self.overrides)
         return props
 
@@ -313,6 +335,19 @@ class KafkaBroker:
             "listener.name.mtls.ssl.client.auth": "required",
         }
 
+    def _cluster_properties(self, props: Mapping[str, str]) -> dict[str, str]:
+        """The CLUSTER listener: on 127.0.0.1, advertised at ``cluster_address``."""
+        port = self._cluster_port
+        return {
+            "listeners": f"CLUSTER://127.0.0.1:{port},{props['listeners']}",
+            "advertised.listeners": (
+                f"CLUSTER://{self.cluster_address}:{port},{props['advertised.listeners']}"
+            ),
+            "listener.security.protocol.map": (
+                f"CLUSTER:PLAINTEXT,{props['listener.security.protocol.map']}"
+            ),
+        }
+
     def _java(self, heap: str, log4j2: Path, main_class: str, *args: str) -> list[str]:
         return [
             "java",
@@ -337,7 +372,13 @@ class KafkaBroker:
 
     def _write_configs(self) -> Path:
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        ports = [self.port, self._controller_port, self._sasl_port, *(self._tls_ports or ())]
+        ports = [
+            self.port,
+            self._controller_port,
+            self._sasl_port,
+            *(self._tls_ports or ()),
+            self._cluster_port,
+        ]
         self._ports_file().write_text(" ".join(str(p) for p in ports if p is not None) + "\n")
         props = self.work_dir / "server.properties"
         props.write_text("".join(f"{k}={v}\n" for k, v in self._server_properties().items()))
@@ -387,11 +428,12 @@ class KafkaBroker:
         for attempt in range(attempts):
             if fresh:
                 ports = distinct_free_ports(
-                    2 + bool(self.sasl_plain_users) + 2 * (self.tls_certs is not None)
+                    2
+                    + bool(self.sasl_plain_users)
+                    + 2 * (self.tls_certs is not None)
+                    + (self.cluster_address is not None)
                 )
-                self._port, self._controller_port = ports.pop(0), ports.pop(0)
-                self._sasl_port = ports.pop(0) if self.sasl_plain_users else None
-                self._tls_ports = (ports[0], ports[1]) if self.tls_certs is not None else None
+                self._assign_ports(ports)
             try:
                 self._start_once()
                 return self
@@ -408,12 +450,18 @@ class KafkaBroker:
     def _ports_file(self) -> Path:
         return self.work_dir / "ports"
 
+    def _assign_ports(self, ports: list[int]) -> None:
+        """Take the listeners' ports in the ports file's order (optional ones when configured)."""
+        self._port, self._controller_port = ports.pop(0), ports.pop(0)
+        self._sasl_port = ports.pop(0) if self.sasl_plain_users and ports else None
+        self._tls_ports = (
+            (ports.pop(0), ports.pop(0)) if self.tls_certs is not None and len(ports) >= 2 else None
+        )
+        self._cluster_port = ports.pop(0) if self.cluster_address is not None and ports else None
+
     def _load_ports(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            port, cport, *more = (int(p) for p in self._ports_file().read_text().split())
-            self._port, self._controller_port = port, cport
-            self._sasl_port = more.pop(0) if self.sasl_plain_users and more else None
-            self._tls_ports = (more[0], more[1]) if self.tls_certs and len(more) >= 2 else None
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            self._assign_ports([int(p) for p in self._ports_file().read_text().split()])
 
     @property
     def _unclean_marker(self) -> Path:

@@ -36,7 +36,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Self
 
-from devenv.processes import free_port, spawn_logged
+from devenv.processes import free_port, spawn_logged, terminate
 from devenv.versions import cache_root, versions
 
 __all__ = [
@@ -68,6 +68,7 @@ class KubeBinaries:
     kube_controller_manager: Path
     kube_scheduler: Path
     kubelet: Path
+    kube_proxy: Path
     kubectl: Path
     etcd: Path
     helm: Path
@@ -83,14 +84,16 @@ class KubeBinaries:
             kube_controller_manager=kube / "kube-controller-manager",
             kube_scheduler=kube / "kube-scheduler",
             kubelet=kube / "kubelet",
+            kube_proxy=kube / "kube-proxy",
             kubectl=kube / "kubectl",
             etcd=root / "etcd" / pinned["ETCD_VERSION"] / "bin" / "etcd",
             helm=root / "helm" / pinned["HELM_VERSION"] / "bin" / "helm",
         )
 
-    def missing(self) -> list[Path]:
-        """The binaries that do not exist (yet)."""
-        return [p for p in vars(self).values() if not os.access(p, os.X_OK)]
+    def missing(self, names: Sequence[str] = ()) -> list[Path]:
+        """The binaries that do not exist (yet), among ``names`` (fields; default: all)."""
+        wanted = [getattr(self, n) for n in names] if names else list(vars(self).values())
+        return [p for p in wanted if not os.access(p, os.X_OK)]
 
 
 def build_binaries(components: Sequence[str] = (), *, quiet: bool = False) -> KubeBinaries:
@@ -160,6 +163,9 @@ class ControlPlane:
         extra_apiserver_args: Sequence[str] = (),
         extra_controller_manager_args: Sequence[str] = (),
         apiserver_port: int = 0,
+        apiserver_bind_address: str = _LOOPBACK,
+        advertise_address: str = _LOOPBACK,
+        extra_sans: Sequence[str] = (),
     ) -> None:
         """Configure (but do not start) a control plane in ``work_dir``.
 
@@ -167,6 +173,11 @@ class ControlPlane:
         ``extra_*_args`` are appended to the component's command line.
         ``apiserver_port`` fixes the apiserver's port (0: a free one at each start), so that
         kubeconfigs and in-cluster settings stay valid across restarts.
+        ``apiserver_bind_address`` is where the apiserver listens (every other component and
+        the clients of this object use 127.0.0.1); ``advertise_address`` the address it
+        publishes as the ``kubernetes`` Service's endpoint: on loopback (the default) it
+        publishes none, as Endpoints may not hold loopback addresses. ``extra_sans`` are more
+        subjectAltNames of the apiserver's certificate (``IP:10.88.0.1``), for a new ``pki/``.
         """
         self.work_dir = Path(work_dir).resolve()
         self.binaries = binaries if binaries is not None else KubeBinaries.from_cache()
@@ -176,6 +187,9 @@ class ControlPlane:
         self.extra_apiserver_args = list(extra_apiserver_args)
         self.extra_controller_manager_args = list(extra_controller_manager_args)
         self.fixed_apiserver_port = apiserver_port
+        self.apiserver_bind_address = apiserver_bind_address
+        self.advertise_address = advertise_address
+        self.extra_sans = list(extra_sans)
         self.pki_dir = self.work_dir / "pki"
         self.log_dir = self.work_dir / "logs"
         self.etcd_data_dir = self.work_dir / "etcd-data"
@@ -294,13 +308,7 @@ class ControlPlane:
         """Terminate all components (SIGTERM, then SIGKILL), newest first. Idempotent."""
         while self._procs:
             proc = self._procs.pop()
-            if proc.popen.poll() is None:
-                proc.popen.terminate()
-                try:
-                    proc.popen.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    proc.popen.kill()
-                    proc.popen.wait()
+            terminate(proc.popen, timeout)
             proc.log_file.close()
         if self._atexit_registered:
             atexit.unregister(self.stop)
@@ -417,9 +425,12 @@ class ControlPlane:
         self._leaf(name, subject, usage, sans)
         return self.pki_dir / f"{name}.crt", self.pki_dir / f"{name}.key"
 
-    def cert_kubeconfig(self, name: str, user: str) -> Path:
-        """Write ``kubeconfigs/<name>.kubeconfig`` authenticating with ``pki/<name>.crt``."""
-        return self._cert_kubeconfig(name, user)
+    def cert_kubeconfig(self, name: str, user: str, *, server: str | None = None) -> Path:
+        """Write ``kubeconfigs/<name>.kubeconfig`` authenticating with ``pki/<name>.crt``.
+
+        ``server``: the apiserver URL in it (default :attr:`server`).
+        """
+        return self._cert_kubeconfig(name, user, server=server)
 
     def _make_pki(self) -> None:
         pki = self.pki_dir
@@ -443,6 +454,7 @@ class ControlPlane:
                 "DNS:kubernetes.default",
                 "DNS:kubernetes.default.svc",
                 "DNS:kubernetes.default.svc.cluster.local",
+                *self.extra_sans,
             ]
         )
         self._leaf("apiserver", "/CN=kube-apiserver", "serverAuth", sans)
@@ -492,6 +504,7 @@ class ControlPlane:
         credentials: Mapping[str, str],
         *,
         namespace: str = "default",
+        server: str | None = None,
     ) -> None:
         """Write a self-contained kubeconfig (JSON, which is valid YAML)."""
         ca_data = base64.b64encode(self.ca_cert.read_bytes()).decode()
@@ -501,7 +514,10 @@ class ControlPlane:
             "clusters": [
                 {
                     "name": "eop",
-                    "cluster": {"server": self.server, "certificate-authority-data": ca_data},
+                    "cluster": {
+                        "server": server or self.server,
+                        "certificate-authority-data": ca_data,
+                    },
                 }
             ],
             "users": [{"name": user, "user": dict(credentials)}],
@@ -520,7 +536,7 @@ class ControlPlane:
         tmp.chmod(0o600)
         tmp.replace(path)
 
-    def _cert_kubeconfig(self, name: str, user: str) -> Path:
+    def _cert_kubeconfig(self, name: str, user: str, *, server: str | None = None) -> Path:
         path = self.work_dir / "kubeconfigs" / f"{name}.kubeconfig"
         self._write_kubeconfig(
             path,
@@ -533,6 +549,7 @@ class ControlPlane:
                     (self.pki_dir / f"{name}.key").read_bytes()
                 ).decode(),
             },
+            server=server,
         )
         return path
 
@@ -594,10 +611,11 @@ class ControlPlane:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
-                    s.bind((_LOOPBACK, self.fixed_apiserver_port))
+                    s.bind((self.apiserver_bind_address, self.fixed_apiserver_port))
                 except OSError as exc:
                     raise ControlPlaneError(
-                        f"apiserver port {_LOOPBACK}:{self.fixed_apiserver_port} is taken: {exc}"
+                        f"apiserver port {self.apiserver_bind_address}:{self.fixed_apiserver_port}"
+                        f" is taken: {exc}"
                     ) from exc
             self.apiserver_port = self.fixed_apiserver_port
         else:
@@ -608,8 +626,8 @@ class ControlPlane:
             [
                 str(self.binaries.kube_apiserver),
                 f"--etcd-servers={self.etcd_endpoint}",
-                f"--bind-address={_LOOPBACK}",
-                f"--advertise-address={_LOOPBACK}",
+                f"--bind-address={self.apiserver_bind_address}",
+                f"--advertise-address={self.advertise_address}",
                 f"--secure-port={self.apiserver_port}",
                 f"--cert-dir={pki}",
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -624,9 +642,13 @@ class ControlPlane:
                 f"--service-cluster-ip-range={self.service_cidr}",
                 # Aggregated APIs are reached via their endpoints, not ClusterIPs.
                 "--enable-aggregator-routing=true",
-                # Endpoints may not hold loopback IPs, so the apiserver cannot publish
-                # itself as the `kubernetes` Service's endpoint; don't try (log spam).
-                "--endpoint-reconciler-type=none",
+                # Endpoints may not hold loopback IPs, so an apiserver advertising one cannot
+                # publish itself as the `kubernetes` Service's endpoint; don't try (log spam).
+                *(
+                    ["--endpoint-reconciler-type=none"]
+                    if ipaddress.ip_address(self.advertise_address).is_loopback
+                    else []
+                ),
                 "--allow-privileged=true",
                 "--profiling=false",
                 *self.extra_apiserver_args,

@@ -1,9 +1,11 @@
-"""Background processes of the dev environment: logged to a file, tied to their parent."""
+"""Background processes of the dev environment: logged to a file, tied to their parent; and
+looking at, and ending, processes by pid."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
 import socket
 import subprocess
@@ -49,11 +51,12 @@ def spawn_logged(
     cwd: Path,
     env: Mapping[str, str] | None = None,
     new_session: bool = False,
+    pass_fds: Sequence[int] = (),
 ) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
     """Start ``argv`` with stdout and stderr appended to ``log`` under a header line.
 
-    Returns the process and the open log file (the caller closes it once the
-    process has ended).
+    ``pass_fds`` stay open in the child (with their numbers). Returns the process and the open
+    log file (the caller closes it once the process has ended).
     """
     log_file = log.open("ab")
     log_file.write(f"\n==== {time.strftime('%F %T')} {' '.join(argv)}\n".encode())
@@ -66,6 +69,80 @@ def spawn_logged(
         cwd=cwd,
         env=dict(env) if env is not None else None,
         start_new_session=new_session,
+        pass_fds=tuple(pass_fds),
         preexec_fn=die_with_parent,
     )
     return popen, log_file
+
+
+def terminate(popen: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    """SIGTERM a child and wait for it; SIGKILL it if it is still there after ``timeout``."""
+    if popen.poll() is None:
+        popen.terminate()
+        try:
+            popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of the log ``path`` (or why there are none)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie counts as dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead for our purposes.
+    with contextlib.suppress(OSError):
+        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+            return False
+    return True
+
+
+def cmdline(pid: int) -> list[str]:
+    """The command line of process ``pid`` (empty if it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def kill_and_wait(pids: Sequence[int], timeout: float = 10.0) -> None:
+    """SIGTERM ``pids``, then SIGKILL those still alive after ``timeout``."""
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        alive = [p for p in pids if pid_alive(p)]
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and any(pid_alive(p) for p in alive):
+            time.sleep(0.1)
+
+
+def sigkill_and_wait(pids: Sequence[int], timeout: float = 5.0) -> None:
+    """SIGKILL ``pids`` (a machine losing power) and wait until they are gone."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+        time.sleep(0.05)
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot): with the pid, names it uniquely."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[19]
+    except (OSError, IndexError):
+        return None

@@ -24,6 +24,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 
 from devenv.kafka import CONSUMER_GROUPS_TOOL, KafkaBroker, KafkaBrokerError
+from devenv.podnet import GATEWAY
 from tests.plugins.kafka import TopicFactory
 
 pytestmark = pytest.mark.kafka
@@ -246,3 +247,21 @@ def test_crash_restart_keeps_port_and_committed_data(tmp_path: Path) -> None:
             b"before-crash"
         ]
     assert not broker.running
+
+
+def test_cluster_listener_advertises_the_gateway_and_host_clients_keep_loopback(
+    kafka_broker: KafkaBroker,
+) -> None:
+    """Pods of the multi-node local cluster bootstrap at the gateway; the metadata they get
+    back must name the gateway too (loopback would be their own), and host clients' must not."""
+
+    def advertised(bootstrap: str) -> set[tuple[str, int]]:
+        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+        brokers = admin.list_topics(timeout=TIMEOUT).brokers.values()
+        return {(b.host, b.port) for b in brokers}
+
+    port = kafka_broker.cluster_port
+    # Seen from the host: the listener is bound on loopback, like every other one.
+    assert advertised(f"127.0.0.1:{port}") == {(GATEWAY, port)}
+    assert kafka_broker.cluster_bootstrap_servers == f"{GATEWAY}:{port}"
+    assert advertised(kafka_broker.bootstrap_servers) == {("127.0.0.1", kafka_broker.port)}

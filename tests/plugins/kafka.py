@@ -8,7 +8,9 @@ Fixtures:
   ``bootstrap_servers`` or ``client_config()``; ``sasl_bootstrap_servers`` and
   ``sasl_plain_users`` for a listener that needs SASL/PLAIN credentials;
   ``tls_bootstrap_servers`` (TLS) and ``mtls_bootstrap_servers`` (TLS with client
-  certificates) for listeners whose certificates ``kafka_tls_certs`` holds.
+  certificates) for listeners whose certificates ``kafka_tls_certs`` holds;
+  ``cluster_bootstrap_servers`` (``10.88.0.1:PORT``) for pods of the multi-node local cluster,
+  once the test has exposed ``cluster_port`` (``LocalCluster.expose_host_port``).
 * ``kafka_tls_certs`` (session): the CA and the broker's and clients' PEM files
   (:func:`devenv.certs.make_certs`) of the session broker's TLS listeners.
 * ``kafka_topic_factory`` (function): ``make(partitions=1, *, prefix=None, config=None) -> name``
@@ -34,6 +36,7 @@ import pytest
 
 from devenv.certs import Certs, make_certs
 from devenv.kafka import KafkaBroker
+from devenv.podnet import GATEWAY
 
 
 class TopicFactory(Protocol):
@@ -80,14 +83,16 @@ def kafka_broker(
     Besides PLAINTEXT it listens with SASL/PLAIN (``sasl_bootstrap_servers``) for one
     user with a random password (``sasl_plain_users``), and with TLS
     (``tls_bootstrap_servers``) and mutual TLS (``mtls_bootstrap_servers``) with
-    ``kafka_tls_certs``' certificates: two more listeners cost the broker nothing
-    noticeable, a second broker would cost a JVM.
+    ``kafka_tls_certs``' certificates, and one for pods of the multi-node local cluster
+    (``cluster_bootstrap_servers``, advertised at its gateway): more listeners cost the broker
+    nothing noticeable, a second broker would cost a JVM.
     """
     users = {"eop-test": uuid.uuid4().hex}
     with KafkaBroker(
         tmp_path_factory.mktemp("kafka"),
         sasl_plain_users=users,
         tls_certs=kafka_tls_certs.directory,
+        cluster_address=GATEWAY,
     ) as broker:
         yield broker
 
