@@ -40,7 +40,7 @@ test: deps
 
 ## test-unit: seconds, no external components
 test-unit: setup
-	$(PY) -m pytest -m "not kafka and not spark and not kube and not e2e and not ecosystem"
+	$(PY) -m pytest -m "not kafka and not spark and not kube and not e2e and not ecosystem and not s3"
 
 ## test-fast: everything but the slow chaos tests
 test-fast: deps
