@@ -11,8 +11,9 @@ setup: .venv/.installed
 	bash devenv/setup.sh
 	touch $@
 
-## deps: setup + the real components the tests start: Kubernetes binaries, Kafka, Spark jars,
-## the ecosystem's tools (kstatus, promtool, a PromQL parser, lua5.4)
+## deps: setup + the real components the tests start: Kubernetes binaries, Kafka, Spark jars (the
+## Kafka and S3A connectors), the ecosystem's tools (kstatus, promtool, a PromQL parser, lua5.4)
+## and SeaweedFS (the S3 server of the s3 tests)
 deps: setup
 	bash devenv/build-kube.sh
 	bash devenv/fetch-jars.sh
