@@ -12,9 +12,10 @@
 #   s3a          $EOP_CACHE/spark-s3a/$SPARK_VERSION/jars/*.jar
 #                Hadoop's S3A connector (org.apache.hadoop:hadoop-aws at $HADOOP_VERSION, the
 #                Hadoop pyspark ships) with the AWS SDK v2 modules it uses ($AWS_SDK_VERSION: s3,
-#                s3-transfer-manager, sts for web-identity logins) instead of the SDK's 500 MB
-#                `bundle`, and Spark's spark-hadoop-cloud of $SPARK_VERSION alone (its
-#                checkpoint file manager for object stores), minus what pyspark ships
+#                s3-transfer-manager, apache-client, sts for web-identity logins) instead of the
+#                SDK's `bundle` of every AWS service, and Spark's spark-hadoop-cloud of
+#                $SPARK_VERSION alone (its checkpoint file manager for object stores), minus what
+#                pyspark ships
 #
 # Usage: devenv/fetch-jars.sh [kafka|spark|s3a]...   (no argument: all). Prints the directories.
 #
@@ -227,8 +228,10 @@ fetch_s3a() {
   local none='<exclusions><exclusion><groupId>*</groupId><artifactId>*</artifactId></exclusion></exclusions>'
   local no_bundle='<exclusions><exclusion><groupId>software.amazon.awssdk</groupId><artifactId>bundle</artifactId></exclusion></exclusions>'
   sdk=()
-  for m in s3 sts; do
-    sdk+=("$(dep software.amazon.awssdk "$m" "$AWS_SDK_VERSION")")
+  # commons-logging: pyspark's jcl-over-slf4j provides its classes.
+  local no_jcl='<exclusions><exclusion><groupId>commons-logging</groupId><artifactId>commons-logging</artifactId></exclusion></exclusions>'
+  for m in s3 s3-transfer-manager sts apache-client; do
+    sdk+=("$(dep software.amazon.awssdk "$m" "$AWS_SDK_VERSION" "$no_jcl")")
   done
   pom="$(pom_xml spark-s3a-jars \
     "$(dep org.apache.hadoop hadoop-aws "$HADOOP_VERSION" "$no_bundle")" \

@@ -231,9 +231,10 @@ class S3Server:
             "-master.telemetry=false",
             f"-filer.localSocket={self.work_dir / 'filer.sock'}",
             f"-s3.localSocket={self.work_dir / 's3.sock'}",
-            # Small volumes: a test store holds megabytes, and each volume is a file.
+            # Small volumes: a test store holds megabytes, each bucket grows its own volumes
+            # (sparse files), and each volume is a file.
             "-master.volumeSizeLimitMB=64",
-            "-volume.max=16",
+            "-volume.max=200",
         ]
 
     def start(self) -> Self:
@@ -277,8 +278,12 @@ class S3Server:
             time.sleep(0.5)
         raise S3ServerError(f"S3 gateway not ready at {self.endpoint}: {last}")
 
-    def stop(self, timeout: float = 20.0) -> None:
-        """Stop the server: SIGTERM, then SIGKILL after ``timeout``."""
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the server: SIGTERM, then SIGKILL after ``timeout``.
+
+        ``weed server`` flushes what it stores as it goes; its graceful shutdown then waits
+        on its own components for longer than a test should (20 s and more here).
+        """
         proc = self._proc
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
