@@ -86,7 +86,9 @@ def earlier_progress(root: str, files: FileReader, generation: int) -> EarlierPr
 def check_checkpoint_kept(config: RunConfig, files: FileReader) -> None:
     """Raise :class:`CheckpointLost` when the checkpoint root lost every generation.
 
-    Lost means: the root holds no ``gen-*`` at all, the operator saw ``G`` hold
+    Lost means: no ``gen-*`` under the root holds a checkpoint (Spark's
+    ``metadata`` file, written when a query starts; an object store or a
+    volume may keep empty directories of deleted files), the operator saw ``G`` hold
     progress (``config.committed_partitions``, so some generation ran batches under
     this root), and this run does not begin a generation the operator just started
     (``config.generation_reason``).  That is a deleted prefix in object storage, or
@@ -99,7 +101,8 @@ def check_checkpoint_kept(config: RunConfig, files: FileReader) -> None:
     if config.generation_reason is not None or not config.committed_partitions:
         return
     root = config.checkpoint_root.rstrip("/")
-    if any(_GENERATION.match(name) for name in files.list_names(root)):
+    generations = [name for name in files.list_names(root) if _GENERATION.match(name)]
+    if any(files.read_text(f"{root}/{name}/metadata") is not None for name in generations):
         return
     held = sum(len(p) for p in config.committed_partitions.values())
     raise CheckpointLost(

@@ -117,7 +117,10 @@ def test_an_emptied_checkpoint_root_is_a_lost_checkpoint_once_g_has_held_progres
     started = held.model_copy(update={"generation_reason": "CheckpointLost"})
     check_checkpoint_kept(started, LocalFiles())  # the new generation the operator started
     generation(tmp_path, 1, '{"in":{"0":0}}', [], 0)
-    check_checkpoint_kept(held, LocalFiles())  # an earlier generation is there: not lost
+    with pytest.raises(CheckpointLost):  # emptied directories left behind hold no checkpoint
+        check_checkpoint_kept(held, LocalFiles())
+    (tmp_path / "gen-1" / "metadata").write_text('{"id":"q"}')
+    check_checkpoint_kept(held, LocalFiles())  # a query's checkpoint is there: not lost
 
 
 WINDOWED = """\
