@@ -7,7 +7,8 @@ every input's output exactly once, and G must equal the source end offsets.
 
 Each test runs with the checkpoint on a volume (the work directory) and in object
 storage (``s3a://`` on the SeaweedFS test server, where a kill may also land in
-the middle of an upload of an offsets, commits or state file).
+the middle of an upload of an offsets, commits or state file; the coordinated
+one with half the kills there).
 """
 
 from __future__ import annotations
@@ -126,7 +127,10 @@ def test_coordinated_window_counts_survive_kill_9(
         },
     )
 
-    kill_repeatedly(pipeline, config, KILLS, rng)
+    # In a bucket, half the kills: the partitioned test takes the full count there, and a
+    # stateful query's restarts read and write its state in the store (~11 min with 8 kills
+    # on 2 busy cores).
+    kill_repeatedly(pipeline, config, KILLS if checkpoints is None else KILLS // 2, rng)
     runner = pipeline.start(config)
 
     def windows() -> list[dict[str, object]]:
