@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from eop_spark.client_config import spark_source_options
 from eop_spark.config import RunConfig
-from eop_spark.generations import check_checkpoint_kept, check_progress_kept, earlier_progress
+from eop_spark.generations import check_progress_kept, earlier_progress
 from eop_spark.offsets import TopicPartition, starting_offsets, to_spark_json
 from eop_spark.offsets_log import OffsetsLog
 from eop_spark.progress import ProgressGroup
@@ -43,7 +43,6 @@ def resolve_starting_offsets(
     spec = config.source.kafka.starting_offsets
     if not offsets_log.is_new():
         return StartingPoint(spec, f"resuming checkpoint {config.checkpoint_location}")
-    check_checkpoint_kept(config, offsets_log.files)
     if not partitions:
         return StartingPoint(
             spec, "new checkpoint, no source partition yet: startingOffsets from the spec"
