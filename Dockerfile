@@ -1,7 +1,8 @@
 # The two eop images, built from one source tree:
 #
 #   --target operator   the kopf operator (`eop operator`): Python only, no JVM
-#   --target spark      a pipeline driver (`eop run`): Python + pyspark + Java 17 + the Kafka jars
+#   --target spark      a pipeline driver (`eop run`): Python + pyspark + Java 17 + the Kafka and
+#                       S3A jars
 #
 # BASE_IMAGE is any Debian bookworm image, e.g. docker.io/library/debian:bookworm-slim.
 # The default names the one devenv/images.sh makes with debootstrap, because the local
@@ -83,9 +84,11 @@ RUN --mount=type=secret,id=build-ca \
     && pip wheel --no-deps --wheel-dir /wheels .
 
 # ---------------------------------------------------------------------------------------------
-# The Spark Kafka connector and its dependencies, fetched by the same script the dev environment
-# uses. It leaves out the jars pyspark already ships, which it learns from the spark venv (hence
-# this stage builds on it; it is thrown away, only /opt/eop/jars leaves it).
+# The Spark Kafka connector and its dependencies, and Hadoop's S3A connector for checkpoints in
+# object storage (in /opt/eop/jars/s3a: on the classpath only of drivers whose checkpoint is at
+# an s3a:// URI), fetched by the same script the dev environment uses. It leaves out the jars
+# pyspark already ships, which it learns from the spark venv (hence this stage builds on it; it
+# is thrown away, only /opt/eop/jars leaves it).
 FROM venv-spark AS jars
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
@@ -111,7 +114,10 @@ RUN --mount=type=secret,id=build-ca \
        fi \
     && jars_dir="$(EOP_CACHE=/opt/eop/cache PYTHON=/opt/eop/venv/bin/python /src/devenv/fetch-jars.sh spark)" \
     && mkdir -p /opt/eop/jars \
-    && cp "$jars_dir"/*.jar /opt/eop/jars/
+    && cp "$jars_dir"/*.jar /opt/eop/jars/ \
+    && s3a_dir="$(EOP_CACHE=/opt/eop/cache PYTHON=/opt/eop/venv/bin/python /src/devenv/fetch-jars.sh s3a)" \
+    && mkdir -p /opt/eop/jars/s3a \
+    && cp "$s3a_dir"/*.jar /opt/eop/jars/s3a/
 # The partitioned sink's JVM task (eop_spark.jvm_writer), compiled against those jars and
 # pyspark's with this stage's JDK (the image has a JRE only).
 COPY spark_apps/eop_spark/jvm_writer.py /src/jvm_writer/

@@ -15,8 +15,9 @@ setup: .venv/.installed
 	bash devenv/setup.sh
 	touch $@
 
-## deps: setup + the real components the tests start: Kubernetes binaries, Kafka, Spark jars,
-## the ecosystem's tools (kstatus, promtool, a PromQL parser, lua5.4)
+## deps: setup + the real components the tests start: Kubernetes binaries, Kafka, Spark jars (the
+## Kafka and S3A connectors), the ecosystem's tools (kstatus, promtool, a PromQL parser, lua5.4)
+## and SeaweedFS (the S3 server of the s3 tests)
 deps: setup
 	bash devenv/build-kube.sh
 	bash devenv/fetch-jars.sh
@@ -44,7 +45,7 @@ test: deps
 
 ## test-unit: seconds, no external components
 test-unit: setup
-	$(PY) -m pytest -m "not kafka and not spark and not kube and not e2e and not nodes and not ecosystem"
+	$(PY) -m pytest -m "not kafka and not spark and not kube and not e2e and not nodes and not ecosystem and not s3"
 
 ## test-fast: everything but the slow chaos tests and the local clusters' tiers
 test-fast: deps

@@ -2,15 +2,17 @@
 # Build the ecosystem tools the tests run, from Go modules.
 #
 # Usage: devenv/build-tools.sh [TOOL...]
-#   TOOL: kstatus-check promql-check promtool lua5.4 (default: all four).
+#   TOOL: kstatus-check promql-check promtool lua5.4 seaweedfs (default: all five).
 #
 #   kstatus-check  devenv/tools/kstatus-check: an object's status by sigs.k8s.io/cli-utils kstatus
 #   promql-check   devenv/tools/promql-check: PromQL parsed by Prometheus's parser, metric names
 #   promtool       Prometheus's promtool (`promtool test rules`)
 #   lua5.4         Debian's Lua interpreter (runs the Argo CD health check), apt-get as root
+#   seaweedfs      SeaweedFS's `weed` (an S3-compatible object store, devenv/s3.py), built in a
+#                  copy of its module so that its own go.sum and replace directives hold
 #
 # Versions come only from devenv/versions.env. Binaries land in
-#   ${EOP_CACHE:-$HOME/.cache/eop}/<tool>/<version>/bin/<tool>
+#   ${EOP_CACHE:-$HOME/.cache/eop}/<tool>/<version>/bin/<tool>   (seaweedfs: bin/weed)
 # A binary that is already present is skipped, so a re-run is a no-op.
 set -euo pipefail
 
@@ -21,19 +23,20 @@ source "$here/versions.env"
 cache="${EOP_CACHE:-$HOME/.cache/eop}"
 cli_utils_v="${CLI_UTILS_VERSION:?CLI_UTILS_VERSION missing in versions.env}"
 prom_v="${PROMETHEUS_MODULE_VERSION:?PROMETHEUS_MODULE_VERSION missing in versions.env}"
-all_tools=(kstatus-check promql-check promtool lua5.4)
+seaweedfs_v="${SEAWEEDFS_MODULE_VERSION:?SEAWEEDFS_MODULE_VERSION missing in versions.env}"
+all_tools=(kstatus-check promql-check promtool lua5.4 seaweedfs)
 
 export CGO_ENABLED="${CGO_ENABLED:-0}"
 export GOFLAGS="-mod=mod"
 
 log() { printf '[build-tools] %s\n' "$*" >&2; }
-usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 wanted=()
 for arg in "$@"; do
     case "$arg" in
         -h | --help) usage; exit 0 ;;
-        kstatus-check | promql-check | promtool | lua5.4) wanted+=("$arg") ;;
+        kstatus-check | promql-check | promtool | lua5.4 | seaweedfs) wanted+=("$arg") ;;
         *) log "unknown tool: $arg"; usage >&2; exit 2 ;;
     esac
 done
@@ -43,7 +46,16 @@ done
 version() {
     case "$1" in
         kstatus-check) echo "$cli_utils_v" ;;
+        seaweedfs) echo "$seaweedfs_v" ;;
         *) echo "$prom_v" ;;
+    esac
+}
+
+# binary TOOL: the file name of the tool's binary.
+binary() {
+    case "$1" in
+        seaweedfs) echo weed ;;
+        *) echo "$1" ;;
     esac
 }
 
@@ -79,6 +91,23 @@ build_promtool() {
     mv -f "$out.tmp.$$" "$out"
 }
 
+# build_seaweedfs VERSION OUT: `weed` from github.com/seaweedfs/seaweedfs@vVERSION. Built inside a
+# writable copy of the module (not as a dependency of a throwaway module, where its go.mod's
+# replace directives would not apply), with its own go.sum checking every dependency.
+build_seaweedfs() {
+    local ver="$1" out="$2" module=github.com/seaweedfs/seaweedfs src
+    src="$(go mod download -json "$module@v$ver" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+    [[ -n "$src" && -d "$src/weed" ]] || { log "error: go mod download $module@v$ver gave no source"; exit 1; }
+    local work="$cache/seaweedfs/$ver/src"
+    rm -rf "$work"
+    mkdir -p "$work"
+    cp -R "$src/." "$work/"
+    chmod -R u+w "$work"
+    (cd "$work" && go build -trimpath -ldflags="-s -w" -o "$out.tmp.$$" ./weed)
+    mv -f "$out.tmp.$$" "$out"
+    rm -rf "$work"
+}
+
 # ensure_lua: Debian's lua5.4 package (the interpreter Argo CD's health scripts are tested with).
 ensure_lua() {
     if command -v lua5.4 >/dev/null; then
@@ -102,7 +131,7 @@ for tool in "${wanted[@]}"; do
         continue
     fi
     ver="$(version "$tool")"
-    out="$cache/$tool/$ver/bin/$tool"
+    out="$cache/$tool/$ver/bin/$(binary "$tool")"
     if [[ -x "$out" ]]; then
         log "up to date: $tool v$ver"
         continue
@@ -114,6 +143,7 @@ for tool in "${wanted[@]}"; do
         kstatus-check) build_checker "$tool" sigs.k8s.io/cli-utils "$ver" "$out" ;;
         promql-check) build_checker "$tool" github.com/prometheus/prometheus "$ver" "$out" ;;
         promtool) build_promtool "$ver" "$out" ;;
+        seaweedfs) build_seaweedfs "$ver" "$out" ;;
     esac
     log "built $tool v$ver in $((SECONDS - start))s -> $out"
     built=$((built + 1))

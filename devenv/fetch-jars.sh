@@ -9,12 +9,19 @@
 #                pyspark version) and its runtime dependencies, among them the
 #                spark-token-provider-kafka-0-10 of the same release, minus the ones pyspark
 #                already ships in its jars/ directory
+#   s3a          $EOP_CACHE/spark-s3a/$SPARK_VERSION/jars/*.jar
+#                Hadoop's S3A connector (org.apache.hadoop:hadoop-aws at $HADOOP_VERSION, the
+#                Hadoop pyspark ships) with the AWS SDK v2 modules it uses ($AWS_SDK_VERSION: s3,
+#                s3-transfer-manager, apache-client, sts for web-identity logins) instead of the
+#                SDK's `bundle` of every AWS service, and Spark's spark-hadoop-cloud of
+#                $SPARK_VERSION alone (its checkpoint file manager for object stores), minus what
+#                pyspark ships
 #
-# Usage: devenv/fetch-jars.sh [kafka|spark]...   (no argument: both). Prints the directories.
+# Usage: devenv/fetch-jars.sh [kafka|spark|s3a]...   (no argument: all). Prints the directories.
 #
-# Versions come from devenv/versions.env: KAFKA_VERSION, SCALA_BINARY_VERSION, SPARK_VERSION. The
-# connector is always Spark's own release: a Spark release whose connector is not on Maven Central
-# is an error here, not a silent mix of releases.
+# Versions come from devenv/versions.env: KAFKA_VERSION, SCALA_BINARY_VERSION, SPARK_VERSION,
+# HADOOP_VERSION, AWS_SDK_VERSION. The connector is always Spark's own release: a Spark release
+# whose connector is not on Maven Central is an error here, not a silent mix of releases.
 #
 # The cache root is ${EOP_CACHE:-~/.cache/eop}; Maven's local repository stays at its default
 # (~/.m2), so a re-fetch after `rm -rf` of the cache downloads nothing. Idempotent: a complete
@@ -28,6 +35,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=versions.env
 source "$here/versions.env"
 : "${KAFKA_VERSION:?not set in versions.env}" "${SPARK_VERSION:?}" "${SCALA_BINARY_VERSION:?}"
+: "${HADOOP_VERSION:?}" "${AWS_SDK_VERSION:?}"
 cache="${EOP_CACHE:-$HOME/.cache/eop}"
 
 # Not components of their own, only how they are fetched: the broker's logging backend (Kafka's
@@ -160,10 +168,31 @@ SPARK_PROVIDED="scala-library scala-reflect scala-parallel-collections_${SCALA_B
 spark-tags_${SCALA_BINARY_VERSION} slf4j-api jsr305 zstd-jni lz4-java snappy-java
 hadoop-client-api hadoop-client-runtime commons-logging"
 
+# keep_not_shipped DEST: DEST/all/*.jar minus what pyspark ships becomes DEST/jars.
+keep_not_shipped() {
+  local dest="$1" jars_dir provided jar name
+  jars_dir="$(pyspark_jars_dir)"
+  if [[ -n "$jars_dir" ]]; then
+    log "leaving out what pyspark ships in $jars_dir"
+    provided="$(for jar in "$jars_dir"/*.jar; do artifact_of "$(basename "$jar")"; done)"
+  else
+    log "no pyspark found (set PYSPARK_JARS_DIR): leaving out Spark's usual jars by name"
+    provided="$(tr ' ' '\n' <<<"$SPARK_PROVIDED")"
+  fi
+  rm -rf "$dest/jars.partial"
+  mkdir -p "$dest/jars.partial"
+  for jar in "$dest/all"/*.jar; do
+    name="$(artifact_of "$(basename "$jar")")"
+    grep -qxF -- "$name" <<<"$provided" || mv "$jar" "$dest/jars.partial/"
+  done
+  rm -rf "$dest/all" "$dest/jars"
+  mv "$dest/jars.partial" "$dest/jars"
+}
+
 # The connector of $SPARK_VERSION: spark-sql-kafka-0-10 at that version, with the token provider
 # of the same release that its pom names.
 fetch_spark() {
-  local dest="$cache/spark-kafka/$SPARK_VERSION" pom stamp start jars_dir provided jar name
+  local dest="$cache/spark-kafka/$SPARK_VERSION" pom stamp start
   pom="$(pom_xml spark-kafka-jars \
     "$(dep org.apache.spark "spark-sql-kafka-0-10_${SCALA_BINARY_VERSION}" "$SPARK_VERSION")")"
   stamp="$(digest <<<"$pom")"
@@ -184,37 +213,71 @@ fetch_spark() {
         "devenv/versions.env must be a Spark release whose Kafka connector is published there"
       exit 1
     fi
-    jars_dir="$(pyspark_jars_dir)"
-    if [[ -n "$jars_dir" ]]; then
-      log "leaving out what pyspark ships in $jars_dir"
-      provided="$(for jar in "$jars_dir"/*.jar; do artifact_of "$(basename "$jar")"; done)"
-    else
-      log "no pyspark found (set PYSPARK_JARS_DIR): leaving out Spark's usual jars by name"
-      provided="$(tr ' ' '\n' <<<"$SPARK_PROVIDED")"
-    fi
-    rm -rf "$dest/jars.partial"
-    mkdir -p "$dest/jars.partial"
-    for jar in "$dest/all"/*.jar; do
-      name="$(artifact_of "$(basename "$jar")")"
-      grep -qxF -- "$name" <<<"$provided" || mv "$jar" "$dest/jars.partial/"
-    done
-    rm -rf "$dest/all" "$dest/jars"
-    mv "$dest/jars.partial" "$dest/jars"
+    keep_not_shipped "$dest"
     echo "$stamp" >"$dest/.complete"
     log "spark-kafka: $(cd "$dest/jars" && echo *.jar) in $((SECONDS - start))s"
   fi
   echo "$dest/jars"
 }
 
+# Hadoop's S3A connector for the Hadoop that pyspark ships, the AWS SDK modules it loads, and
+# spark-hadoop-cloud's checkpoint file manager (the jar alone: its POM pulls every cloud's
+# connector and the SDK bundle, none of which the manager needs).
+fetch_s3a() {
+  local dest="$cache/spark-s3a/$SPARK_VERSION" pom stamp start jars_dir sdk m
+  local none='<exclusions><exclusion><groupId>*</groupId><artifactId>*</artifactId></exclusion></exclusions>'
+  local no_bundle='<exclusions><exclusion><groupId>software.amazon.awssdk</groupId><artifactId>bundle</artifactId></exclusion></exclusions>'
+  sdk=()
+  # commons-logging: pyspark's jcl-over-slf4j provides its classes.
+  local no_jcl='<exclusions><exclusion><groupId>commons-logging</groupId><artifactId>commons-logging</artifactId></exclusion></exclusions>'
+  for m in s3 s3-transfer-manager sts apache-client; do
+    sdk+=("$(dep software.amazon.awssdk "$m" "$AWS_SDK_VERSION" "$no_jcl")")
+  done
+  pom="$(pom_xml spark-s3a-jars \
+    "$(dep org.apache.hadoop hadoop-aws "$HADOOP_VERSION" "$no_bundle")" \
+    "${sdk[@]}" \
+    "$(dep org.apache.spark "spark-hadoop-cloud_${SCALA_BINARY_VERSION}" "$SPARK_VERSION" "$none")")"
+  stamp="$(digest <<<"$pom")"
+  if [[ "$(cat "$dest/.complete" 2>/dev/null)" == "$stamp" ]]; then
+    echo "$dest/jars"
+    return
+  fi
+  lock "$dest"
+  if [[ "$(cat "$dest/.complete" 2>/dev/null)" != "$stamp" ]]; then
+    start=$SECONDS
+    rm -f "$dest/.complete"
+    jars_dir="$(pyspark_jars_dir)"
+    if [[ -n "$jars_dir" && ! -f "$jars_dir/hadoop-client-api-$HADOOP_VERSION.jar" ]]; then
+      log "pyspark in $jars_dir does not ship Hadoop $HADOOP_VERSION" \
+        "($(cd "$jars_dir" && echo hadoop-client-api-*.jar)): set HADOOP_VERSION in" \
+        "devenv/versions.env to its version (and AWS_SDK_VERSION to the one that hadoop-aws names)"
+      exit 1
+    fi
+    log "fetching hadoop-aws $HADOOP_VERSION, AWS SDK $AWS_SDK_VERSION and spark-hadoop-cloud into $dest"
+    printf '%s\n' "$pom" >"$dest/pom.xml"
+    if ! copy_deps "$dest/pom.xml" "$dest/all" "$dest/mvn.log"; then
+      tail -n 30 "$dest/mvn.log" >&2
+      log "fetching the S3A connector failed; Maven's output: $dest/mvn.log"
+      exit 1
+    fi
+    keep_not_shipped "$dest"
+    echo "$stamp" >"$dest/.complete"
+    log "spark-s3a: $(find "$dest/jars" -name '*.jar' | wc -l) jars," \
+      "$(du -sm "$dest/jars" | cut -f1) MB in $((SECONDS - start))s"
+  fi
+  echo "$dest/jars"
+}
+
 main() {
   local what=("$@")
-  [[ ${#what[@]} -gt 0 ]] || what=(kafka spark)
+  [[ ${#what[@]} -gt 0 ]] || what=(kafka spark s3a)
   for w in "${what[@]}"; do
     case "$w" in
       kafka) fetch_kafka ;;
       spark) fetch_spark ;;
+      s3a) fetch_s3a ;;
       *)
-        echo "usage: $0 [kafka|spark]..." >&2
+        echo "usage: $0 [kafka|spark|s3a]..." >&2
         exit 2
         ;;
     esac

@@ -1,4 +1,4 @@
-"""The ``eop`` command: operator, crd, render, run.
+"""The ``eop`` command: operator, crd, render, run, checkpoint delete.
 
 Heavy imports (kopf, pyspark) happen inside the subcommand that needs them, so
 ``eop crd`` and ``eop render`` start fast and the Spark image needs no kopf.
@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from eop_operator.api.load import InvalidPipeline, load_pipeline_file
+from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.render.pod_policy import PodPolicy
 from eop_operator.render.ports import HostPortRange
 from eop_operator.render.rbac import DEFAULT_DRIVER_ROLE, DriverRole
@@ -53,6 +54,15 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def local_checkpoint_root(pipeline: ExactlyOncePipeline) -> str:
+    """Where ``eop run`` keeps a manifest's checkpoints: its object storage, else ``./.eop``."""
+    from eop_operator.render import checkpoint_root
+
+    if pipeline.spec.checkpoint.uri is not None:
+        return checkpoint_root(pipeline)
+    return str(Path(".eop") / pipeline.pipeline_id)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one pipeline's driver (the data plane) until SIGTERM."""
     from eop_operator.api.resolve import IdentityChanged, build_run_config
@@ -67,20 +77,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         try:
             pipeline = load_pipeline_file(args.manifest)
-            root = args.checkpoint_root or Path(".eop") / pipeline.pipeline_id
+            root = args.checkpoint_root or local_checkpoint_root(pipeline)
             config = build_run_config(
-                pipeline, checkpoint_root=str(root), generation=args.generation or 0
+                pipeline, checkpoint_root=root, generation=args.generation or 0
             )
         except (InvalidPipeline, IdentityChanged) as exc:
             return _fail(str(exc))
     overrides: dict[str, object] = {}
     if args.checkpoint_root is not None:
-        overrides["checkpoint_root"] = str(args.checkpoint_root)
+        overrides["checkpoint_root"] = args.checkpoint_root
     if args.generation is not None:
         overrides["generation"] = args.generation
     if overrides:
         config = config.model_copy(update=overrides)
     return run(config, log_format=args.log_format)
+
+
+def cmd_checkpoint_delete(args: argparse.Namespace) -> int:
+    """Delete a checkpoint root in object storage (the retention Delete Job runs this)."""
+    from eop_spark.object_store import delete_checkpoint_root
+
+    options: dict[str, str] = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            return _fail(f"--option {item!r}: expected NAME=VALUE")
+        options[key] = value
+    count = delete_checkpoint_root(args.root, options)
+    print(f"deleted {count} files under {args.root}" if count else f"nothing under {args.root}")
+    return 0
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
@@ -280,11 +305,29 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("manifest", nargs="?", type=Path, help="an ExactlyOncePipeline manifest")
     source.add_argument("--config", type=Path, help="a resolved run.json (in the driver pod)")
     run.add_argument(
-        "--checkpoint-root", type=Path, help="checkpoint root (default ./.eop/<namespace>.<name>)"
+        "--checkpoint-root",
+        help="checkpoint root: a directory or an s3a:// URI (default: the manifest's "
+        "checkpoint.uri/<namespace>/<name>, else ./.eop/<namespace>.<name>)",
     )
     run.add_argument("--generation", type=int, help="checkpoint generation")
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.set_defaults(func=cmd_run)
+
+    checkpoint = sub.add_parser("checkpoint", help="manage checkpoints in object storage")
+    actions = checkpoint.add_subparsers(dest="action", required=True)
+    delete = actions.add_parser(
+        "delete", help="delete everything under a checkpoint root (retention Delete)"
+    )
+    delete.add_argument("root", help="the checkpoint root, e.g. s3a://bucket/prefix/ns/name")
+    delete.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a Hadoop setting such as fs.s3a.endpoint=... (repeatable); credentials come "
+        "from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)",
+    )
+    delete.set_defaults(func=cmd_checkpoint_delete)
     return parser
 
 

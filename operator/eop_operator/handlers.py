@@ -34,10 +34,16 @@ from eop_operator.reconcile.admission import (
     shipped_transform_problem,
 )
 from eop_operator.reconcile.status import DriverObservation, judge, ready_column, status_patch
-from eop_operator.render import MissingImage, RenderedPipeline, render_pipeline
+from eop_operator.render import (
+    MissingImage,
+    RenderedPipeline,
+    checkpoint_root,
+    render_pipeline,
+)
 from eop_operator.render.naming import (
     MANAGED_BY,
     PIPELINE_LABEL,
+    checkpoint_deletion_job_name,
 )
 from eop_operator.render.pod_policy import PodPolicy, check_pod_policy
 from eop_operator.render.ports import (
@@ -47,6 +53,7 @@ from eop_operator.render.ports import (
     metrics_host_port_of,
 )
 from eop_operator.render.rbac import DEFAULT_DRIVER_ROLE, DriverRole
+from eop_operator.render.storage import render_checkpoint_deletion_job
 
 FINALIZER = f"{GROUP}/finalizer"
 #: Annotation prefix for kopf's own bookkeeping on our objects.
@@ -316,7 +323,7 @@ def checkpoint_on_delete(body: Mapping[str, Any]) -> tuple[str | None, bool]:
     if not isinstance(checkpoint, Mapping):
         checkpoint = {}
     if checkpoint.get("uri"):
-        return None, False  # object storage: eop never deletes it, and there is no claim
+        return None, False  # object storage: no claim (see finalize_object_storage)
     name = (body.get("metadata") or {}).get("name")
     # The name render.naming.checkpoint_claim_name gives (a test holds them equal).
     claim = f"{name}-checkpoint" if name else None
@@ -328,6 +335,7 @@ async def finalize(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Honour the checkpoint retention policy before the garbage collector runs, valid or not."""
     claim, retain = checkpoint_on_delete(plain(body))
     if claim is None:
+        await finalize_object_storage(body, memo.client)
         return
     if not retain:
         await post_event(
@@ -352,3 +360,103 @@ async def finalize(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         reason="CheckpointRetained",
         message=f"claim {claim} kept (retention Retain)",
     )
+
+
+#: How often a pipeline being deleted looks at its checkpoint deletion Job.
+DELETION_POLL_SECONDS = 5.0
+#: How long to wait before looking at a failed checkpoint deletion Job again.
+DELETION_FAILED_RETRY_SECONDS = 60.0
+
+
+def _job_condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == kind and condition.get("status") == "True":
+            return dict(condition)
+    return None
+
+
+async def finalize_object_storage(body: kopf.Body, client: KubeClient) -> None:
+    """Honour ``checkpoint.retention`` for a checkpoint in object storage.
+
+    Retain keeps the objects. Delete runs a Job (``render_checkpoint_deletion_job``)
+    with the pipeline's image and credentials, and holds the pipeline (kopf retries this
+    handler) until the Job has succeeded. A spec that no longer validates, an image or a
+    pod policy that forbids the Job: the objects are kept and an event says so.
+    """
+    raw = plain(body)
+    checkpoint = (raw.get("spec") or {}).get("checkpoint") or {}
+    try:
+        pipeline = load_pipeline(raw)
+    except InvalidPipeline as exc:
+        await post_event(
+            client,
+            body,
+            type="Warning",
+            reason="CheckpointRetained",
+            message=f"checkpoint under {checkpoint.get('uri')} kept: the spec is invalid ({exc})",
+        )
+        return
+    root = checkpoint_root(pipeline)
+    if pipeline.spec.checkpoint.retention is not Retention.DELETE:
+        await post_event(
+            client,
+            body,
+            type="Normal",
+            reason="CheckpointRetained",
+            message=f"checkpoint {root} kept (retention Retain)",
+        )
+        return
+    image = pipeline.spec.image or OPTIONS.default_image
+    try:
+        check_pod_policy(pipeline, OPTIONS.pod_policy)
+        if not image:
+            raise MissingImage("spec.image is not set and the operator has no default image")
+    except (InvalidPipeline, MissingImage) as exc:
+        await post_event(
+            client,
+            body,
+            type="Warning",
+            reason="CheckpointRetained",
+            message=f"checkpoint {root} kept: no Job can delete it ({exc})",
+        )
+        return
+    namespace = pipeline.metadata.namespace
+    name = checkpoint_deletion_job_name(pipeline)
+    job = await client.get("batch/v1", "Job", namespace, name)
+    owners = [o.get("uid") for o in ((job or {}).get("metadata") or {}).get("ownerReferences", [])]
+    if job is not None and pipeline.metadata.uid not in owners:
+        # An earlier pipeline's Job, which the garbage collector is about to delete.
+        raise kopf.TemporaryError(f"waiting for an earlier Job {name} to go", delay=5)
+    if job is None:
+        await client.create(render_checkpoint_deletion_job(pipeline, image, root))
+        await post_event(
+            client,
+            body,
+            type="Normal",
+            reason="CheckpointDeleting",
+            message=f"Job {name} deletes checkpoint {root} (retention Delete)",
+        )
+        raise kopf.TemporaryError(f"Job {name} deletes {root}", delay=DELETION_POLL_SECONDS)
+    if _job_condition(job, "Complete") is not None:
+        await post_event(
+            client,
+            body,
+            type="Normal",
+            reason="CheckpointDeleted",
+            message=f"checkpoint {root} deleted by Job {name} (retention Delete)",
+        )
+        return
+    failed = _job_condition(job, "Failed")
+    if failed is not None:
+        await post_event(
+            client,
+            body,
+            type="Warning",
+            reason="CheckpointDeletionFailed",
+            message=f"Job {name} could not delete checkpoint {root} "
+            f"({failed.get('reason')}: {failed.get('message')}); its pods' logs say why. Fix "
+            "checkpoint.secretRef or checkpoint.options and delete the Job to try again, or "
+            "set checkpoint.retention Retain to keep the checkpoint",
+        )
+        raise kopf.TemporaryError(f"Job {name} failed", delay=DELETION_FAILED_RETRY_SECONDS)
+    raise kopf.TemporaryError(f"Job {name} deletes {root}", delay=DELETION_POLL_SECONDS)

@@ -10,7 +10,8 @@ Exit codes of ``python -m eop_spark run`` (and of :func:`eop_spark.runner.run`):
 3     environment not ready: Kafka unreachable, a topic missing, connector
       jars missing.  Restarting later may help.
 4     the pipeline failed while running: a Kafka or Spark error, fenced by
-      another runner, progress group inconsistent with the checkpoint.
+      another runner, progress group inconsistent with the checkpoint, or the
+      checkpoint lost (every generation gone while G holds progress).
 5     progress missing: a new checkpoint generation found no progress in G for
       partitions the pipeline committed before (expired or deleted offsets);
       starting them from ``startingOffsets`` would repeat or skip output.
@@ -84,6 +85,13 @@ class ProgressConflict(PipelineFailed):
     """The progress group disagrees with the checkpoint in a way that would duplicate output."""
 
 
+class CheckpointLost(EopError):
+    """The checkpoint root lost every generation while G holds progress (files or objects
+    deleted): a new generation from G repairs it."""
+
+    exit_code = EXIT_RUNTIME
+
+
 class ProgressMissing(EopError):
     """A new generation found no progress for partitions the pipeline committed before."""
 
@@ -151,6 +159,7 @@ _ERRORS_BY_NAME: dict[str, type[EopError]] = {
         ProducerFenced,
         TransactionTimedOut,
         ProgressConflict,
+        CheckpointLost,
         ProgressMissing,
         StateLost,
     )

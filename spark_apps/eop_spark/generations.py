@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from eop_spark.config import RunConfig
-from eop_spark.errors import ProgressMissing, StateLost
+from eop_spark.errors import CheckpointLost, ProgressMissing, StateLost
 from eop_spark.offsets import Offsets, TopicPartition, to_spark_json
 from eop_spark.offsets_log import CheckpointFormatError, FileReader, OffsetsLog
 from eop_spark.plan import plan_nodes
@@ -81,6 +81,38 @@ def earlier_progress(root: str, files: FileReader, generation: int) -> EarlierPr
             if offset > max(start.get(tp, 0), 0) and offset >= offsets.get(tp, -1):
                 offsets[tp], by[tp] = offset, k
     return EarlierProgress(offsets, by)
+
+
+def check_checkpoint_kept(config: RunConfig, files: FileReader) -> None:
+    """Raise :class:`CheckpointLost` when the checkpoint root lost every generation.
+
+    Lost means: no ``gen-*`` under the root holds a checkpoint (Spark's
+    ``metadata`` file, written when a query starts; an object store or a
+    volume may keep empty directories of deleted files), the operator saw ``G`` hold
+    progress (``config.committed_partitions``, so some generation ran batches under
+    this root), and this run does not begin a generation the operator just started
+    (``config.generation_reason``).  That is a deleted prefix in object storage, or
+    a volume whose files were deleted; the operator cannot see either (it never
+    holds the store's credentials) and learns it from this failure.  It then starts
+    a new generation from ``G``, with the same guards as for a lost claim.  Without
+    an operator (``eop run``), the configuration has no record of ``G`` and a run
+    on an empty root starts the generation from ``G`` as a new one.
+    """
+    if config.generation_reason is not None or not config.committed_partitions:
+        return
+    root = config.checkpoint_root.rstrip("/")
+    generations = [name for name in files.list_names(root) if _GENERATION.match(name)]
+    if any(files.read_text(f"{root}/{name}/metadata") is not None for name in generations):
+        return
+    held = sum(len(p) for p in config.committed_partitions.values())
+    raise CheckpointLost(
+        f"checkpoint root {root} holds no checkpoint generation, but progress group "
+        f"{config.progress_group} has held progress for {held} partitions "
+        "(status.progress.heldPartitions): the checkpoint was lost (its objects or files were "
+        f"deleted). A new checkpoint generation {config.generation + 1} from the progress group "
+        "repairs it: the operator starts one (CheckpointLost); with eop run, run with "
+        f"--generation {config.generation + 1}"
+    )
 
 
 def check_progress_kept(

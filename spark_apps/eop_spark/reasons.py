@@ -3,9 +3,10 @@
 The runner reports a failure as one line, ``eop: error: [<Reason>] <message>``.
 The reason token is a stable API between the data plane and the operator:
 the operator falls back to a new checkpoint generation on
-``IncompatibleCheckpoint``, recovers from ``CorruptCheckpoint`` the same way,
-and stops retrying on ``ConfigError``.  Spark's own errors are recognised by
-their text, since they cross py4j as strings.
+``IncompatibleCheckpoint``, recovers from ``CorruptCheckpoint`` and
+``CheckpointLost`` the same way, and stops retrying on ``ConfigError``.
+Spark's own errors are recognised by their text, since they cross py4j as
+strings.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 
-from eop_spark.errors import ConfigError, EnvironmentNotReady, EopError
+from eop_spark.errors import CheckpointLost, ConfigError, EnvironmentNotReady, EopError
 
 #: The prefix of every failure line the runner writes.
 FAILURE_PREFIX = "eop: error: "
@@ -26,6 +27,8 @@ class FailureReason(StrEnum):
     INCOMPATIBLE_CHECKPOINT = "IncompatibleCheckpoint"
     #: The checkpoint cannot be read (truncated or malformed files).
     CORRUPT_CHECKPOINT = "CorruptCheckpoint"
+    #: The checkpoint root lost every generation while G holds progress (deleted).
+    CHECKPOINT_LOST = "CheckpointLost"
     #: The configuration or the transform is invalid: restarting does not help.
     CONFIG_ERROR = "ConfigError"
     #: Kafka, a topic or the connector jars are missing: restarting later may help.
@@ -55,6 +58,8 @@ _TOKEN = re.compile(r"^\[(\w+)\]\s*")
 def failure_reason(error: EopError) -> FailureReason:
     """Classify a runner failure for the operator."""
     text = error.message
+    if isinstance(error, CheckpointLost):
+        return FailureReason.CHECKPOINT_LOST
     if _INCOMPATIBLE.search(text):
         return FailureReason.INCOMPATIBLE_CHECKPOINT
     if _CORRUPT.search(text):

@@ -39,7 +39,7 @@ from eop_spark.batch_log import BatchResult, configure_logging, log_batch
 from eop_spark.client_config import sink_java_config, source_client_config, without_java_only
 from eop_spark.config import RunConfig
 from eop_spark.errors import EXIT_OK, ConfigError, EopError, PipelineFailed, from_failure
-from eop_spark.generations import check_state_kept
+from eop_spark.generations import check_checkpoint_kept, check_state_kept
 from eop_spark.jars import connector_jars
 from eop_spark.keep_alive import KeepAlive, refresh_each_partition
 from eop_spark.metrics import Counters, serve_metrics
@@ -319,6 +319,9 @@ class PipelineRun:
         # Before reading G: aborts what a crashed or zombie runner left open.
         count = taken.result() if taken is not None else take_over(settings, partitions)
         log.info("took over %d transactional ids %s.*", count, config.transactional_id_prefix)
+        if offsets_log.is_new():
+            # Before anything acts on an empty checkpoint (a stateless generation's reset).
+            check_checkpoint_kept(config, offsets_log.files)
         reset_for_stateless_generation(config, offsets_log, partitions, sink_conf)
         run = uuid.uuid4().hex
         jvm = self.jvm_tasks(spark, settings, run, partitions)

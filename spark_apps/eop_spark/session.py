@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from eop_spark import class_archive, jvm_writer
 from eop_spark.allocator import TUNABLES_ENV, glibc_tunables
 from eop_spark.config import RunConfig
+from eop_spark.jars import S3A_SCHEME, checkpoint_jars
 from eop_spark.offsets_log import is_local
 
 if TYPE_CHECKING:
@@ -31,6 +32,10 @@ SCRATCH_ENV = "EOP_SCRATCH_DIR"
 #: Spark's checkpoint file manager on the FileSystem API (see :func:`session_conf`).
 FILE_SYSTEM_CHECKPOINTS = (
     "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"
+)
+#: spark-hadoop-cloud's checkpoint file manager for object stores (see :func:`session_conf`).
+OBJECT_STORE_CHECKPOINTS = (
+    "org.apache.spark.internal.io.cloud.AbortableStreamBasedCheckpointFileManager"
 )
 
 # Spark's own logs go to stdout next to the runner's, warnings and up: stderr is
@@ -94,6 +99,14 @@ def session_conf(
         # commits files, ~70 ms of each batch here. The FileSystem API renames in the JVM
         # (rename(2)), the same write-then-rename with the same checksum files.
         conf["spark.sql.streaming.checkpointFileManagerClass"] = FILE_SYSTEM_CHECKPOINTS
+    elif config.checkpoint_location.startswith(f"{S3A_SCHEME}://"):
+        # Spark's default manager writes a temporary file and renames it, which S3A does as
+        # copy + delete (not atomic: a driver killed between the two leaves a half-done
+        # rename, and each batch file is uploaded twice). This one writes each file straight
+        # to its name in one upload that becomes visible only when it completes, and aborts
+        # the upload of a file that fails: a reader sees the whole file or none of it
+        # (docs/exactly-once.md, "Checkpoints in object storage").
+        conf["spark.sql.streaming.checkpointFileManagerClass"] = OBJECT_STORE_CHECKPOINTS
     if spark.on_kubernetes:
         conf |= {
             # What the driver JVM gets from build_session (see eop_spark.allocator).
@@ -186,7 +199,11 @@ def build_session(
     else:
         java_options = class_archive.java_options(class_archive.find_archive())
     builder = SparkSession.builder
-    jars = [*jars, *jvm_writer.writer_jars(jars)]
+    jars = [
+        *jars,
+        *jvm_writer.writer_jars(jars),
+        *checkpoint_jars(config.checkpoint_location),
+    ]
     for key, value in session_conf(config, jars, log4j2, java_options).items():
         builder = builder.config(key, value)
     with _jvm_stderr_to_stdout(), _jvm_environment({TUNABLES_ENV: glibc_tunables()}):

@@ -252,20 +252,31 @@ CREDENTIAL_PROPERTIES = (
 _CREDENTIALS = [*CREDENTIAL_PROPERTIES, *(f"kafka.{name}" for name in CREDENTIAL_PROPERTIES)]
 
 
-def _credential_keys(options: dict[str, str]) -> list[str]:
-    return [key for key in options if key.lower() in _CREDENTIALS]
+def refuse_credentials(
+    cel_is_credential: str, is_credential: Callable[[str], bool], field: str, secret_field: str
+) -> Rule:
+    """A rule on a map of properties: no key that ``is_credential`` (CEL: the same test of
+    ``k``, on the lower-cased name) holds; the message names the first such key, ``field``
+    (the map's name) and ``secret_field`` (where credentials go)."""
+
+    def found(options: dict[str, str]) -> list[str]:
+        return [key for key in options if is_credential(key.lower())]
+
+    return Rule(
+        f"self.all(k, !({cel_is_credential}))",
+        lambda v: not found(v),
+        f"{field} must not hold credentials: put them in a Secret named by {secret_field}",
+        message_expression=f"'{field}.' + self.filter(k, {cel_is_credential})[0] + "
+        f"' is a credential: put it in a Secret and name the Secret in {secret_field}'",
+        explain=lambda v: (
+            f"{field}.{found(v)[0]} is a credential: put it in a Secret "
+            f"and name the Secret in {secret_field}"
+        ),
+    )
 
 
-NO_CREDENTIALS = Rule(
-    f"self.all(k, !(k.lowerAscii() in {_CREDENTIALS}))",
-    lambda v: not _credential_keys(v),
-    "options must not hold credentials: put them in a Secret named by secretRef",
-    message_expression=f"'options.' + self.filter(k, k.lowerAscii() in {_CREDENTIALS})[0] + "
-    "' is a credential: put it in a Secret and name the Secret in secretRef'",
-    explain=lambda v: (
-        f"options.{_credential_keys(v)[0]} is a credential: put it in a Secret "
-        "and name the Secret in secretRef"
-    ),
+NO_CREDENTIALS = refuse_credentials(
+    f"k.lowerAscii() in {_CREDENTIALS}", lambda k: k in _CREDENTIALS, "options", "secretRef"
 )
 _NO_CREDENTIALS_DOC = (
     " Credentials (" + ", ".join(CREDENTIAL_PROPERTIES) + ") are refused: they belong in the "

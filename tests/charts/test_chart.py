@@ -404,6 +404,18 @@ def test_rbac_reads_secrets_by_name_only_and_never_escalates(
     )
 
 
+@MODES
+def test_rbac_creates_and_reads_only_the_checkpoint_deletion_job(
+    helm: Helm, values: tuple[str, ...]
+) -> None:
+    """retention Delete of an object-store checkpoint: the operator makes a Job (which holds
+    the store's keys by Secret reference) and reads its status; it never deletes or lists
+    Jobs (the garbage collector removes it with the pipeline)."""
+    rules = operator_rules(render(helm, *values))
+    assert granted(rules, "batch", "jobs") == {"get", "create"}
+    assert not granted(rules, "batch", "cronjobs")
+
+
 def k8s_pipeline(namespace: str) -> Manifest:
     """A pipeline that runs executors on Kubernetes: the operator renders its driver RBAC too."""
     return {

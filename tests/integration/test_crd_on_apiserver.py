@@ -89,9 +89,14 @@ MALFORMED = [
         "set at most one of volume or uri",
     ),
     (
-        "uri-delete",
-        _set("spec.checkpoint", {"uri": "s3a://b/p", "retention": "Delete"}),
-        "retention Delete needs checkpoint.volume",
+        "uri-of-another-connector",
+        _set("spec.checkpoint", {"uri": "gs://bucket/p"}),
+        "checkpoint.uri must be s3a://<bucket>/<prefix>",
+    ),
+    (
+        "store-options-without-uri",
+        _set("spec.checkpoint", {"options": {"fs.s3a.endpoint": "http://s3:8333"}}),
+        "checkpoint.secretRef and checkpoint.options are for a checkpoint in object storage",
     ),
     ("master", _set("spec.spark.master", "yarn"), "spec.spark.master: Invalid value"),
     (
@@ -210,6 +215,28 @@ REFUSED_AT_THE_DOOR: list[tuple[str, Callable[[dict[str, Any]], None], tuple[str
         ("spec.sink.kafka.options", "options.SSL.Key.Password is a credential", "secretRef"),
     ),
     (
+        "credential-in-checkpoint-options",
+        _set(
+            "spec.checkpoint",
+            {"uri": "s3a://bucket/eop", "options": {"fs.s3a.bucket.bucket.Secret.Key": "x"}},
+        ),
+        (
+            "spec.checkpoint.options",
+            "checkpoint.options.fs.s3a.bucket.bucket.Secret.Key is a credential",
+            "checkpoint.secretRef",
+        ),
+    ),
+    (
+        "spark-setting-in-checkpoint-options",
+        _set("spec.checkpoint", {"uri": "s3a://bucket/eop", "options": {"spark.jars": "x"}}),
+        ("spec.checkpoint.options", "fs.s3a.*", "spark.conf"),
+    ),
+    (
+        "checkpoint-uri-s3-scheme",
+        _set("spec.checkpoint", {"uri": "s3://bucket/eop"}),
+        ("spec.checkpoint.uri: Invalid value", "s3a://<bucket>/<prefix>", "not served"),
+    ),
+    (
         "sink-topic-is-a-source-topic",
         _set("spec.sink.kafka.topic", "raw"),
         ("spec.sink.kafka.topic: Invalid value", "read its own output"),
@@ -325,6 +352,16 @@ def test_what_users_write_in_examples_stays_accepted(
     obj["spec"]["sink"]["kafka"]["bootstrapServers"] = "central:9092"
     obj["spec"]["driver"] = {"resources": {"requests": {"cpu": "500m"}, "limits": {"cpu": "0.5"}}}
     obj["spec"]["health"] = {"checkInterval": "1s", "stallTimeout": "11s"}
+    obj["spec"]["checkpoint"] = {
+        "uri": "s3a://eop-checkpoints/team-a",
+        "secretRef": {"name": "s3-credentials"},
+        "options": {
+            "fs.s3a.endpoint": "https://storage.googleapis.com",
+            "fs.s3a.bucket.eop-checkpoints.endpoint.region": "auto",
+            "fs.s3a.path.style.access": "true",
+        },
+        "retention": "Delete",
+    }
     code, output = _apply(crd_installed, kube_namespace, obj)
     assert code == 0, output
 

@@ -181,6 +181,99 @@ def test_retention_delete_lets_the_gc_remove_the_checkpoint(
     )
 
 
+S3_CHECKPOINT = {
+    "uri": "s3a://eop-checkpoints/team-a",
+    "secretRef": {"name": "s3-credentials"},
+    "options": {"fs.s3a.endpoint": "http://127.0.0.1:8333", "fs.s3a.path.style.access": "true"},
+}
+
+
+def test_retention_delete_of_object_storage_runs_a_job_with_the_secret_before_the_pipeline_goes(
+    control_plane: ControlPlane, operator: Path, kube_namespace: str
+) -> None:
+    """The operator never holds the store's keys: a Job with the pipeline's Secret deletes the
+    prefix, and the pipeline goes once it succeeds. No kubelet runs here: the Job's pod (made
+    by the real Job controller) is marked Succeeded by hand, as the kubelet would report it."""
+    cp, ns = control_plane, kube_namespace
+    secret_value = "s3cr3t-never-copied"
+    cp.kubectl(
+        "create", "secret", "generic", "s3-credentials", "-n", ns,
+        "--from-literal=AWS_ACCESS_KEY_ID=EOPTESTKEY",
+        f"--from-literal=AWS_SECRET_ACCESS_KEY={secret_value}",
+        check=True,
+    )  # fmt: skip
+    _apply(cp, ns, _pipeline("s3", checkpoint=S3_CHECKPOINT | {"retention": "Delete"}))
+    sts = wait_for(lambda: get(cp, "statefulset", "s3-driver", ns), "the driver StatefulSet")
+    assert get(cp, "persistentvolumeclaim", "s3-checkpoint", ns) is None
+    driver = sts["spec"]["template"]["spec"]["containers"][0]
+    secret_env = [e for e in driver["env"] if e["name"].startswith("AWS_")]
+    assert {e["name"] for e in secret_env} == {
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+    }
+    assert all(e["valueFrom"]["secretKeyRef"]["name"] == "s3-credentials" for e in secret_env)
+
+    cp.kubectl("delete", "eop", "s3", "-n", ns, "--wait=false", check=True)
+    job = wait_for(lambda: get(cp, "job", "s3-checkpoint-delete", ns), "the deletion Job")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    root = f"s3a://eop-checkpoints/team-a/{ns}/s3"
+    assert container["args"][:3] == ["checkpoint", "delete", root]
+    assert [e for e in container["env"] if e["name"].startswith("AWS_")] == secret_env
+    # The keys are nowhere but in the Secret: not in the Job, the ConfigMap, status or events.
+    seen = json.dumps([job, get(cp, "configmap", "s3-config", ns), get(cp, "eop", "s3", ns)])
+    assert secret_value not in seen and secret_value not in json.dumps(_events(cp, ns, "s3"))
+    assert any(e["reason"] == "CheckpointDeleting" for e in _events(cp, ns, "s3"))
+    assert get(cp, "eop", "s3", ns) is not None  # held by the finalizer until the Job succeeds
+
+    pod = wait_for(
+        lambda: (
+            json.loads(
+                cp.kubectl(
+                    "get", "pods", "-n", ns, "-l", "job-name=s3-checkpoint-delete", "-o", "json",
+                    check=True,
+                ).stdout
+            )["items"]
+            or [None]
+        )[0],
+        "the Job's pod",
+    )  # fmt: skip
+    succeeded = {
+        "status": {
+            "phase": "Succeeded",
+            "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted"}],
+            "containerStatuses": [
+                {
+                    "name": "delete",
+                    "image": container["image"],
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+                }
+            ],
+        }
+    }
+    cp.kubectl(
+        "patch", "pod", pod["metadata"]["name"], "-n", ns, "--subresource=status",
+        "--type=merge", "-p", json.dumps(succeeded),
+        check=True,
+    )  # fmt: skip
+    wait_for(lambda: get(cp, "eop", "s3", ns) is None, "the pipeline to go", timeout=90)
+
+
+def test_retention_retain_of_object_storage_leaves_the_objects_alone(
+    control_plane: ControlPlane, operator: Path, kube_namespace: str
+) -> None:
+    cp, ns = control_plane, kube_namespace
+    _apply(cp, ns, _pipeline("kept", checkpoint=S3_CHECKPOINT))
+    wait_for(lambda: get(cp, "statefulset", "kept-driver", ns), "the driver StatefulSet")
+    cp.kubectl("delete", "eop", "kept", "-n", ns, "--wait=true", "--timeout=60s", check=True)
+    assert get(cp, "job", "kept-checkpoint-delete", ns) is None
+    retained = [e for e in _events(cp, ns, "kept") if e["reason"] == "CheckpointRetained"]
+    assert retained and f"s3a://eop-checkpoints/team-a/{ns}/kept kept" in retained[0]["message"]
+
+
 def test_spec_the_api_server_accepts_but_eop_cannot_run_is_reported(
     control_plane: ControlPlane, operator: Path, kube_namespace: str
 ) -> None:

@@ -36,7 +36,8 @@ def test_minimal_manifest_gets_documented_defaults(manifest: dict[str, Any]) -> 
         (["spec", "sink", "kafka", "commitMode"], "fast", "spec.sink.kafka.commitMode"),
         (["spec", "sink", "kafka", "transactionTimeout"], "1 minute", "transactionTimeout"),
         (["spec", "trigger"], {"processingTime": "5s", "availableNow": True}, "spec.trigger"),
-        (["spec", "checkpoint"], {"uri": "s3a://b/p", "retention": "Delete"}, "spec.checkpoint"),
+        (["spec", "checkpoint"], {"uri": "s3://bucket/p"}, "spec.checkpoint.uri"),
+        (["spec", "checkpoint"], {"secretRef": {"name": "s3"}}, "spec.checkpoint"),
         (["spec", "spark", "master"], "yarn", "spec.spark.master"),
         # Not offered until the operator honours it (see RestartPolicy).
         (["spec", "restartPolicy"], "Never", "spec.restartPolicy"),

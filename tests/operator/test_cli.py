@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from eop_operator.cli import EXIT_INVALID, build_parser, main
+from eop_spark.config import RunConfig
 
 
 def test_render_prints_the_objects(
@@ -68,3 +69,22 @@ def test_render_binds_executors_to_the_given_drivers_role(
     (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
     assert binding["roleRef"]["kind"] == "ClusterRole"
     assert binding["roleRef"]["name"] == "team-eop-driver"
+
+
+def test_run_keeps_a_manifests_checkpoint_in_its_object_storage(
+    manifest: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifest["spec"]["checkpoint"] = {
+        "uri": "s3a://bucket/eop",
+        "options": {"fs.s3a.endpoint": "http://127.0.0.1:8333"},
+    }
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    started: list[RunConfig] = []
+    monkeypatch.setattr("eop_spark.runner.run", lambda config, **_: started.append(config) or 0)
+    assert main(["run", str(path)]) == 0
+    assert started[0].checkpoint_location == "s3a://bucket/eop/ads/clean/gen-0"
+    assert started[0].spark.conf["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:8333"
+    # A URI given on the command line stays a URI (not a path with one slash).
+    assert main(["run", str(path), "--checkpoint-root", "s3a://other/x", "--generation", "2"]) == 0
+    assert started[1].checkpoint_location == "s3a://other/x/gen-2"

@@ -21,6 +21,7 @@ from eop_operator.render.ports import (
     preferred_host_port,
 )
 from eop_operator.render.rbac import DRIVER_RULES, DriverRole
+from eop_operator.render.storage import render_checkpoint_deletion_job
 
 
 def _objects(manifest: dict[str, Any], **kwargs: Any) -> dict[str, dict[str, Any]]:
@@ -200,12 +201,81 @@ def test_driver_role_option_names_kind_and_name(text: str) -> None:
         DriverRole.parse(text)
 
 
-def test_checkpoint_uri_has_no_claim(manifest: dict[str, Any]) -> None:
-    manifest["spec"]["checkpoint"] = {"uri": "s3a://bucket/eop"}
+OBJECT_STORE = {
+    "uri": "s3a://bucket/eop",
+    "secretRef": {"name": "s3-credentials"},
+    "options": {"fs.s3a.endpoint": "http://seaweedfs:8333", "fs.s3a.path.style.access": "true"},
+}
+
+
+def test_a_checkpoint_in_object_storage_gets_its_credentials_only_from_the_secret(
+    manifest: dict[str, Any],
+) -> None:
+    manifest["spec"]["checkpoint"] = OBJECT_STORE
     objects = _objects(manifest)
     assert "PersistentVolumeClaim" not in objects
-    run = json.loads(objects["ConfigMap"]["data"]["run.json"])
+    pod, container = _driver(objects)
+    assert not any("persistentVolumeClaim" in v for v in pod["volumes"])
+    run_json = objects["ConfigMap"]["data"]["run.json"]
+    run = json.loads(run_json)
     assert run["checkpointRoot"] == "s3a://bucket/eop/ads/clean"
+    # The store's settings reach Hadoop; its credentials never enter the ConfigMap.
+    assert run["spark"]["conf"]["spark.hadoop.fs.s3a.endpoint"] == "http://seaweedfs:8333"
+    assert not [k for k in run["spark"]["conf"] if "key" in k or "token" in k]
+    assert "AWS_" not in run_json and "s3-credentials" not in run_json
+    # The kubelet sets them from the Secret: references, no values.
+    for key, extra in [
+        ("AWS_ACCESS_KEY_ID", {}),
+        ("AWS_SECRET_ACCESS_KEY", {}),
+        ("AWS_SESSION_TOKEN", {"optional": True}),
+    ]:
+        ref = _env(container, key)["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "s3-credentials", "key": key, **extra}
+    assert all("value" not in e for e in container["env"] if e["name"].startswith("AWS_"))
+
+
+def test_executors_get_the_object_store_credentials_by_reference(manifest: dict[str, Any]) -> None:
+    manifest["spec"]["checkpoint"] = OBJECT_STORE
+    manifest["spec"]["spark"] = {"master": "k8s://https://kubernetes.default.svc"}
+    conf = json.loads(_objects(manifest)["ConfigMap"]["data"]["run.json"])["spark"]["conf"]
+    refs = {k: v for k, v in conf.items() if "secretKeyRef" in k}
+    assert refs == {
+        "spark.kubernetes.executor.secretKeyRef.AWS_ACCESS_KEY_ID": (
+            "s3-credentials:AWS_ACCESS_KEY_ID"
+        ),
+        "spark.kubernetes.executor.secretKeyRef.AWS_SECRET_ACCESS_KEY": (
+            "s3-credentials:AWS_SECRET_ACCESS_KEY"
+        ),
+    }
+
+
+def test_the_checkpoint_deletion_job_runs_like_the_driver_with_the_same_secret(
+    manifest: dict[str, Any],
+) -> None:
+    manifest["spec"]["checkpoint"] = {**OBJECT_STORE, "retention": "Delete"}
+    manifest["spec"]["driver"] = {"hostNetwork": True, "nodeSelector": {"disk": "ssd"}}
+    manifest["metadata"]["uid"] = "u-1"
+    pipeline = load_pipeline(manifest)
+    job = render_checkpoint_deletion_job(pipeline, "eop-spark:1", "s3a://bucket/eop/ads/clean")
+    assert job["metadata"]["name"] == "clean-checkpoint-delete"
+    assert job["metadata"]["ownerReferences"][0]["uid"] == "u-1"  # it goes with the pipeline
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == [
+        "checkpoint",
+        "delete",
+        "s3a://bucket/eop/ads/clean",
+        "--option=fs.s3a.endpoint=http://seaweedfs:8333",
+        "--option=fs.s3a.path.style.access=true",
+    ]
+    driver_pod, driver = _driver(_objects(manifest))
+    secret_env = [e for e in driver["env"] if e["name"].startswith("AWS_")]
+    assert [e for e in container["env"] if e["name"].startswith("AWS_")] == secret_env
+    assert container["securityContext"] == driver["securityContext"]
+    assert pod["securityContext"] == driver_pod["securityContext"]
+    assert (pod["hostNetwork"], pod["nodeSelector"]) == (True, {"disk": "ssd"})
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["restartPolicy"] == "Never"
 
 
 def test_missing_image_is_a_clear_error(manifest: dict[str, Any]) -> None:

@@ -295,6 +295,32 @@ def test_a_corrupt_checkpoint_starts_the_next_generation_after_a_backoff() -> No
     assert decide(situation(status, gone, now=later)).action is Action.APPLY
 
 
+def test_a_lost_object_store_checkpoint_starts_the_next_generation_from_g_at_once() -> None:
+    """The driver found its checkpoint root empty while G holds progress (the prefix deleted):
+    the operator cannot see the store, so the runner's reason drives the new generation."""
+    message = (
+        "eop: error: [CheckpointLost] checkpoint root s3a://b/eop/ads/clean holds no checkpoint "
+        "generation, but progress group eop.ads.clean has held progress for 4 partitions"
+    )
+    lost = pod("v1-g2", restart_count=1, termination=Termination(4, message))
+    driver = DriverState(exists=True, replicas=1, template_hash="v1-g2", pods=(lost,))
+    decision = decide(situation(steady(generation=2), driver))
+    wal = decision.status["upgrade"]
+    assert decision.action is Action.STOP
+    assert (wal["reason"], wal["generation"], wal["mode"]) == (
+        "CheckpointLost",
+        3,
+        "committed-offsets",
+    )
+    assert "notBefore" not in wal  # nothing to back off from: the new generation repairs it
+    (event,) = [e for e in decision.events if e.reason == "CheckpointLost"]
+    assert (
+        event.type == "Warning" and "generation 3 starts from the progress group" in event.message
+    )
+    assert "s3a://b/eop/ads/clean" in event.message
+    assert decision.status["message"].startswith("CheckpointLost: new checkpoint generation 3")
+
+
 def test_suspend_and_resume_keep_the_generation() -> None:
     suspend = decide(situation(steady(generation=2), running("v1-g2"), suspend=True))
     assert suspend.action is Action.APPLY and suspend.replicas == 0

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from devenv.kafka import KafkaBroker, spark_kafka_jars
+from devenv.s3 import S3Server
 from eop_spark.class_archive import ensure_archive
 from eop_spark.jvm_writer import writer_jars
 from tests.plugins.kafka import TopicFactory
-from tests.spark_apps.harness import Pipeline
+from tests.spark_apps.harness import ObjectStoreCheckpoints, Pipeline
 
 PipelineFactory = Callable[..., Pipeline]
 
@@ -36,21 +37,33 @@ def spark_jars() -> list[Path]:
 
 
 @pytest.fixture
+def s3_checkpoints(s3_server: S3Server, s3_bucket: str) -> ObjectStoreCheckpoints:
+    """Checkpoints in a fresh bucket of the session S3 server: ``make_pipeline(object_store=)``."""
+    return ObjectStoreCheckpoints(s3_server, s3_bucket)
+
+
+@pytest.fixture
 def make_pipeline(
     kafka_broker: KafkaBroker,
     kafka_topic_factory: TopicFactory,
     spark_jars: list[Path],
     tmp_path: Path,
 ) -> Iterator[PipelineFactory]:
-    """``make_pipeline(source_partitions=4, sink_partitions=4)``: fresh topics and work dir."""
+    """``make_pipeline(source_partitions=4, sink_partitions=4, object_store=None)``: fresh topics
+    and work dir; checkpoints in the work dir, or in ``object_store``'s bucket."""
     made: list[Pipeline] = []
 
-    def make(source_partitions: int = 4, sink_partitions: int = 4) -> Pipeline:
+    def make(
+        source_partitions: int = 4,
+        sink_partitions: int = 4,
+        object_store: ObjectStoreCheckpoints | None = None,
+    ) -> Pipeline:
         pipeline = Pipeline(
             broker=kafka_broker,
             work=tmp_path / f"pipeline-{len(made)}",
             source_topic=kafka_topic_factory(source_partitions, prefix="in"),
             sink_topic=kafka_topic_factory(sink_partitions, prefix="out"),
+            object_store=object_store,
         )
         pipeline.work.mkdir(parents=True)
         made.append(pipeline)

@@ -33,6 +33,7 @@ from confluent_kafka import (
 )
 
 from devenv.kafka import KafkaBroker
+from devenv.s3 import S3Server
 from eop_spark.session import SCRATCH_ENV
 
 REPO = Path(__file__).resolve().parents[2]
@@ -250,6 +251,37 @@ def _kill_session(sid: int) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+@dataclass(frozen=True)
+class ObjectStoreCheckpoints:
+    """Checkpoints in a bucket of the test S3 server instead of the work directory.
+
+    A pipeline's root is ``s3a://<bucket>/<pipeline name>``; its runners get the
+    server's ``fs.s3a.*`` settings as ``spark.hadoop.*`` (what ``checkpoint.options``
+    becomes) and its credentials as environment variables (what ``checkpoint.secretRef``
+    becomes in a driver pod).
+    """
+
+    server: S3Server
+    bucket: str
+
+    def root(self, pipeline: str) -> str:
+        """The checkpoint root of ``pipeline``."""
+        return f"s3a://{self.bucket}/{pipeline}"
+
+    def spark_conf(self) -> dict[str, str]:
+        """The Spark settings that reach the server."""
+        return {f"spark.hadoop.{k}": v for k, v in self.server.hadoop_options().items()}
+
+    def keys(self, pipeline: str) -> list[str]:
+        """Every object under the pipeline's root, relative to it."""
+        prefix = f"{pipeline}/"
+        return [k[len(prefix) :] for k in self.server.list_keys(self.bucket, prefix)]
+
+    def delete(self, pipeline: str) -> int:
+        """Delete the pipeline's root (every generation); the number of objects deleted."""
+        return self.server.delete_prefix(self.bucket, f"{pipeline}/")
+
+
 @dataclass
 class Pipeline:
     """One pipeline under test: topics, run config, runners, and output checks."""
@@ -260,6 +292,8 @@ class Pipeline:
     sink_topic: str
     name: str = field(default_factory=lambda: f"p{uuid.uuid4().hex[:8]}")
     runners: list[Runner] = field(default_factory=list)
+    #: Where the checkpoints live: the work directory, or a bucket.
+    object_store: ObjectStoreCheckpoints | None = None
 
     @property
     def pipeline_id(self) -> str:
@@ -274,16 +308,21 @@ class Pipeline:
     def config(self, **overrides: Any) -> dict[str, Any]:
         """The run config as JSON data; top-level keys in ``overrides`` replace the defaults."""
         bootstrap = self.broker.bootstrap_servers
+        spark: dict[str, Any] = TEST_SPARK
+        root = str(self.work / "checkpoints")
+        if self.object_store is not None:
+            spark = TEST_SPARK | {"conf": TEST_SPARK["conf"] | self.object_store.spark_conf()}
+            root = self.object_store.root(self.name)
         config: dict[str, Any] = {
             "pipeline": self.pipeline_id,
             "source": {"kafka": {"bootstrapServers": bootstrap, "topics": [self.source_topic]}},
             "transform": {"sql": "SELECT key, value FROM source"},
             "sink": {"kafka": {"bootstrapServers": bootstrap, "topic": self.sink_topic}},
             "trigger": {"processingTime": "1s"},
-            "spark": TEST_SPARK,
+            "spark": spark,
             "transactionalIdPrefix": self.group,
             "progressGroup": self.group,
-            "checkpointRoot": str(self.work / "checkpoints"),
+            "checkpointRoot": root,
         }
         config.update(overrides)
         return config
@@ -313,6 +352,8 @@ class Pipeline:
         # Spark's scratch files (which a runner killed with SIGKILL leaves) go to the work
         # dir, not /tmp: one directory per runner, as two runners of a pipeline may run at once.
         scratch = {SCRATCH_ENV: str(self.work / "scratch" / f"runner-{len(self.runners)}")}
+        if self.object_store is not None:
+            scratch |= self.object_store.server.credentials_env()
         runner = Runner(args, self.work / "logs", runner_env({**scratch, **(env or {})}))
         self.runners.append(runner)
         return runner

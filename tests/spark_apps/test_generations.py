@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from eop_spark.config import RunConfig
-from eop_spark.errors import ProgressMissing, StateLost
+from eop_spark.errors import CheckpointLost, ProgressMissing, StateLost
 from eop_spark.generations import (
+    check_checkpoint_kept,
     check_progress_kept,
     check_state_kept,
     earlier_progress,
@@ -18,6 +19,7 @@ from eop_spark.generations import (
 )
 from eop_spark.keep_alive import FALLBACK_INTERVAL_S, refresh_interval_s
 from eop_spark.offsets_log import LocalFiles
+from eop_spark.reasons import failure_line
 
 METADATA = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": 1, "conf": {}})
 
@@ -96,6 +98,29 @@ def test_a_lost_checkpoint_root_still_refuses_partitions_the_operator_saw_g_hold
     assert "no committed offset for in-1, which the operator saw it hold before" in message
     assert "in-0" not in message and "in-2" not in message and "\n" not in message
     assert check_progress_kept(config(tmp_path, 2), nothing, {}, [("in", 1)]) == []
+
+
+def test_an_emptied_checkpoint_root_is_a_lost_checkpoint_once_g_has_held_progress(
+    tmp_path: Path,
+) -> None:
+    """A prefix deleted in object storage (or a volume emptied): the runner tells the operator,
+    which starts the next generation from G; a first start or a new generation is no loss."""
+    held = config(tmp_path, 2).model_copy(update={"committed_partitions": {"in": [0, 1]}})
+    with pytest.raises(CheckpointLost) as lost:
+        check_checkpoint_kept(held, LocalFiles())
+    message = lost.value.message
+    assert str(tmp_path) in message and "eop.ns.p" in message and "2 partitions" in message
+    assert "--generation 3" in message and failure_line(lost.value).startswith(
+        "eop: error: [CheckpointLost] "
+    )
+    check_checkpoint_kept(config(tmp_path, 0), LocalFiles())  # nothing held: a first start
+    started = held.model_copy(update={"generation_reason": "CheckpointLost"})
+    check_checkpoint_kept(started, LocalFiles())  # the new generation the operator started
+    generation(tmp_path, 1, '{"in":{"0":0}}', [], 0)
+    with pytest.raises(CheckpointLost):  # emptied directories left behind hold no checkpoint
+        check_checkpoint_kept(held, LocalFiles())
+    (tmp_path / "gen-1" / "metadata").write_text('{"id":"q"}')
+    check_checkpoint_kept(held, LocalFiles())  # a query's checkpoint is there: not lost
 
 
 WINDOWED = """\

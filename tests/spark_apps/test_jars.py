@@ -11,7 +11,7 @@ import pytest
 
 from devenv.versions import versions
 from eop_spark.errors import EnvironmentNotReady
-from eop_spark.jars import connector_jars
+from eop_spark.jars import checkpoint_jars, connector_jars
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,3 +68,18 @@ def test_the_connector_is_the_release_of_pyspark(spark_jars: list[Path]) -> None
     for artifact in ("spark-sql-kafka-0-10", "spark-token-provider-kafka-0-10"):
         release = [n for n in names if n.startswith(f"{artifact}_{scala}-")]
         assert release == [f"{artifact}_{scala}-{version('pyspark')}.jar"], sorted(names)
+
+
+def test_only_a_checkpoint_in_object_storage_brings_the_s3a_jars(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("EOP_S3A_JARS", raising=False)
+    monkeypatch.setenv("EOP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("eop_spark.jars.IMAGE_JARS_DIR", tmp_path / "no-image")
+    assert checkpoint_jars("/var/lib/eop/checkpoint/gen-0") == []
+    with pytest.raises(EnvironmentNotReady, match=r"needs Hadoop's S3A.*fetch-jars\.sh s3a"):
+        checkpoint_jars("s3a://bucket/eop/ns/p/gen-0")
+    cached = tmp_path / "cache" / "spark-s3a" / version("pyspark") / "jars"
+    cached.mkdir(parents=True)
+    (cached / "hadoop-aws.jar").write_text("")
+    assert checkpoint_jars("s3a://bucket/eop/ns/p/gen-0") == [cached / "hadoop-aws.jar"]

@@ -74,9 +74,13 @@ def test_missing_progress_stops_a_new_generation(
     assert "allowMissingProgress" in lines[0]
     assert_exactly_once(pipeline.output(), [f"k{i}" for i in range(RECORDS)])
 
-    # The checkpoint root is lost too: the partitions the operator saw G hold still refuse.
+    # The checkpoint root is lost too: the partitions the operator saw G hold still refuse, in
+    # the new generation the operator starts for a lost checkpoint.
     shutil.rmtree(config["checkpointRoot"])
-    seen = config | {"committedPartitions": {pipeline.source_topic: [0, 1]}}
+    seen = config | {
+        "committedPartitions": {pipeline.source_topic: [0, 1]},
+        "generationReason": "CheckpointLost",
+    }
     refused = _run_to_end(pipeline, seen, generation=2)
     assert refused.proc.returncode == EXIT_PROGRESS_MISSING, refused.tail()
     (line,) = _failure_lines(refused)

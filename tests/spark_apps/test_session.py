@@ -9,7 +9,13 @@ import pytest
 
 from eop_spark.allocator import TUNABLES_ENV, glibc_tunables
 from eop_spark.class_archive import java_options
-from eop_spark.session import FILE_SYSTEM_CHECKPOINTS, SCRATCH_ENV, prepare_scratch, session_conf
+from eop_spark.session import (
+    FILE_SYSTEM_CHECKPOINTS,
+    OBJECT_STORE_CHECKPOINTS,
+    SCRATCH_ENV,
+    prepare_scratch,
+    session_conf,
+)
 from tests.spark_apps.test_client_config import make_config
 
 
@@ -67,14 +73,17 @@ def test_a_class_archive_goes_to_the_driver_jvm(tmp_path: Path) -> None:
     assert java_options(None) == ""
 
 
-def test_local_checkpoints_are_written_without_spawning_processes() -> None:
+def test_each_checkpoint_store_gets_the_file_manager_that_writes_it_safely() -> None:
     manager = "spark.sql.streaming.checkpointFileManagerClass"
     local = session_conf(make_config(checkpointRoot="/data/ckpt"), [], Path("/tmp/l.properties"))
     assert local[manager] == FILE_SYSTEM_CHECKPOINTS
+    # S3 has no rename: each file is one upload that appears whole or not at all.
     remote = session_conf(
         make_config(checkpointRoot="s3a://bucket/ckpt"), [], Path("/tmp/l.properties")
     )
-    assert manager not in remote  # object stores keep Spark's own choice
+    assert remote[manager] == OBJECT_STORE_CHECKPOINTS
+    hdfs = session_conf(make_config(checkpointRoot="hdfs://nn/ckpt"), [], Path("/tmp/l.properties"))
+    assert manager not in hdfs  # a file system with renames keeps Spark's own choice
     mine = session_conf(
         make_config(checkpointRoot="/data/ckpt", spark={"conf": {manager: "x.Mine"}}),
         [],

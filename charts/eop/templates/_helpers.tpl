@@ -123,6 +123,12 @@ operator hands drivers that pre-made role instead of holding (and granting) its 
   resources: [{{ ternary "clusterroles" "roles" .Values.clusterWide | quote }}]
   verbs: ["bind"]
   resourceNames: [{{ include "eop.driverRoleName" . | quote }}]
+# retention Delete of a checkpoint in object storage: a Job with the pipeline's image and its
+# object-store Secret deletes the objects (the operator never holds those credentials); created
+# and read by name, owned by the pipeline (the garbage collector deletes it).
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "create"]
 # Driver pods: watched, and deleted to restart a stalled driver (its StatefulSet makes them).
 - apiGroups: [""]
   resources: ["pods"]

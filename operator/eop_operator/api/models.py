@@ -7,10 +7,11 @@ The data-plane parts (source, transform, sink, trigger, spark) come from
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from eop_operator import API_VERSION, KIND
@@ -27,6 +28,8 @@ from eop_spark.spec import (
     TriggerSpec,
     at_least,
     duration_ms,
+    matches,
+    refuse_credentials,
 )
 
 #: A DNS-1035 label: the pipeline's name becomes the name of its Service (no dots, lowercase).
@@ -81,42 +84,98 @@ class CheckpointVolume(SpecModel):
     )
 
 
-_URI_KEEPS_RULE = "!has(self.uri) || !has(self.retention) || self.retention == 'Retain'"
-_URI_KEEPS_MESSAGE = "retention Delete needs checkpoint.volume: eop does not delete object storage"
+#: The checkpoint URIs the Spark image serves: Hadoop's S3A connector, ``s3a://bucket[/prefix]``.
+CHECKPOINT_URI = matches(
+    r"^s3a://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$",
+    "checkpoint.uri must be s3a://<bucket>/<prefix>: the image reaches object storage through "
+    "Hadoop's S3A connector (AWS S3 and S3-compatible stores; GCS through its XML API with "
+    "HMAC keys and checkpoint.options fs.s3a.endpoint: https://storage.googleapis.com); "
+    "s3://, s3n:// and gs:// are not served",
+)
+#: S3A properties that are secrets (also per bucket, ``fs.s3a.bucket.<bucket>.<name>``).
+_S3A_CREDENTIAL = (
+    r"^fs\.s3a\.(bucket\.[^.]+\.)?"
+    r"(access\.key|secret\.key|session\.token|encryption\.key|server-side-encryption\.key"
+    r"|proxy\.password)$"
+)
+CHECKPOINT_OPTIONS_ARE_S3A = Rule(
+    "self.all(k, k.startsWith('fs.s3a.'))",
+    lambda v: all(k.startswith("fs.s3a.") for k in v),
+    "checkpoint.options holds Hadoop S3A settings only (names fs.s3a.*); Spark settings "
+    "belong in spark.conf",
+)
+#: What the Secret of ``checkpoint.secretRef`` holds: the AWS SDK's environment variables.
+CHECKPOINT_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+#: A key the Secret may hold too (temporary credentials).
+CHECKPOINT_SECRET_OPTIONAL_KEYS = ("AWS_SESSION_TOKEN",)
+
+
+class CheckpointSecretRef(SpecModel):
+    """A Secret in the pipeline's namespace with the object store's access key.
+
+    Keys ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` (and ``AWS_SESSION_TOKEN`` for
+    temporary credentials), set as environment variables of the driver and its executors,
+    where S3A's default credential chain reads them. The operator never reads it.
+    """
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the Secret.")
 
 
 class CheckpointSpec(SpecModel):
     """Where the Spark checkpoint lives: a volume (default) or object storage."""
 
     at_most_one_of = (("volume", "uri"),)
+    rules = (
+        Rule(
+            "has(self.uri) || (!has(self.secretRef) && (!has(self.options) || "
+            "size(self.options) == 0))",
+            lambda c: c.uri is not None or (c.secret_ref is None and not c.options),
+            "checkpoint.secretRef and checkpoint.options are for a checkpoint in object "
+            "storage: set checkpoint.uri",
+        ),
+    )
 
     volume: CheckpointVolume | None = Field(
         default=None, description="A PersistentVolumeClaim (the default when uri is unset)."
     )
-    uri: str | None = Field(
+    uri: Annotated[str, CHECKPOINT_URI] | None = Field(
         default=None,
-        pattern=r"^[a-z][a-z0-9+.-]*://.+$",
-        description="Object storage URI such as s3a://bucket/prefix (Hadoop filesystem).",
+        max_length=1000,
+        description="Object storage: s3a://<bucket>/<prefix> (Hadoop's S3A connector). Each "
+        "pipeline's checkpoint generations live under <uri>/<namespace>/<name>.",
+    )
+    secret_ref: CheckpointSecretRef | None = Field(
+        default=None,
+        description="Secret with the object store's credentials: keys AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN, for the driver only), set as environment "
+        "variables of the driver, its executors and the checkpoint's deletion Job. Unset, "
+        "S3A's credential chain applies (the node's instance "
+        "profile, or a provider named in options, such as web identity on EKS).",
+    )
+    options: Annotated[
+        dict[str, str],
+        Field(max_length=50),
+        CHECKPOINT_OPTIONS_ARE_S3A,
+        refuse_credentials(
+            f"k.lowerAscii().matches(r'{_S3A_CREDENTIAL}')",
+            lambda k: re.search(_S3A_CREDENTIAL, k) is not None,
+            "checkpoint.options",
+            "checkpoint.secretRef",
+        ),
+    ] = Field(
+        default_factory=dict,
+        description="Hadoop S3A settings (fs.s3a.*) such as fs.s3a.endpoint, "
+        "fs.s3a.endpoint.region, fs.s3a.path.style.access, for the driver, its executors and "
+        "the checkpoint's deletion. Credentials (fs.s3a.access.key, fs.s3a.secret.key, "
+        "fs.s3a.session.token, encryption keys, fs.s3a.proxy.password) are refused: they "
+        "belong in the Secret of secretRef.",
     )
     retention: Retention = Field(
         default=Retention.RETAIN,
-        description="On delete: Retain keeps the checkpoint volume, Delete removes it.",
+        description="On delete: Retain keeps the checkpoint, Delete removes it (the volume "
+        "claim; for a uri, a Job with the Spark image deletes <uri>/<namespace>/<name> before "
+        "the pipeline goes).",
     )
-
-    @classmethod
-    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
-        schema = super().__get_pydantic_json_schema__(core_schema, handler)
-        schema.setdefault(CEL_RULES_KEY, []).append(
-            {"rule": _URI_KEEPS_RULE, "message": _URI_KEEPS_MESSAGE}
-        )
-        return schema
-
-    @model_validator(mode="after")
-    def _uri_keeps(self) -> CheckpointSpec:
-        # The CEL rule above, for ``eop run`` and ``eop render``.
-        if self.uri is not None and self.retention is Retention.DELETE:
-            raise ValueError(_URI_KEEPS_MESSAGE)
-        return self
 
     @property
     def claim(self) -> CheckpointVolume | None:

@@ -65,8 +65,11 @@ def build_run_config(
     """Resolve a pipeline into the configuration one runner process reads."""
     identity = resolve_identity(pipeline)
     spark = pipeline.spec.spark
-    if extra_spark_conf:
-        spark = spark.model_copy(update={"conf": {**extra_spark_conf, **spark.conf}})
+    # The object store's settings reach Hadoop as spark.hadoop.*; the user's spark.conf wins.
+    store = {f"spark.hadoop.{k}": v for k, v in pipeline.spec.checkpoint.options.items()}
+    if extra_spark_conf or store:
+        conf = {**store, **(extra_spark_conf or {}), **spark.conf}
+        spark = spark.model_copy(update={"conf": conf})
     return RunConfig(
         pipeline=pipeline.pipeline_id,
         source=pipeline.spec.source,

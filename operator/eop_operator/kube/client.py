@@ -35,6 +35,8 @@ _KINDS: dict[tuple[str, str], tuple[str, str]] = {
     # Leader election of operator replicas.
     ("coordination.k8s.io/v1", "Lease"): ("/apis/coordination.k8s.io/v1", "leases"),
     ("apps/v1", "StatefulSet"): ("/apis/apps/v1", "statefulsets"),
+    # Created and read only: the Job that deletes a checkpoint in object storage.
+    ("batch/v1", "Job"): ("/apis/batch/v1", "jobs"),
     ("rbac.authorization.k8s.io/v1", "Role"): ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
         "/apis/rbac.authorization.k8s.io/v1",

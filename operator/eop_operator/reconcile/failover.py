@@ -23,7 +23,11 @@ from eop_spark.spec import duration_ms
 SEEN_PODS = 16
 #: Reasons a new checkpoint generation (from the progress group) repairs.
 CHECKPOINT_REASONS = frozenset(
-    {FailureReason.INCOMPATIBLE_CHECKPOINT, FailureReason.CORRUPT_CHECKPOINT}
+    {
+        FailureReason.INCOMPATIBLE_CHECKPOINT,
+        FailureReason.CORRUPT_CHECKPOINT,
+        FailureReason.CHECKPOINT_LOST,
+    }
 )
 #: Reasons after which restarting the same driver may help (Kafka back, a passing fault).
 RETRYABLE = frozenset({FailureReason.FAILED, FailureReason.ENVIRONMENT})

@@ -228,6 +228,19 @@ class _Planner:
     def recover(self, failure: Failure, from_hash: str | None) -> Decision | None:
         """A new generation for a checkpoint the driver cannot use, when allowed."""
         upgrade = self.s.upgrade
+        if failure.reason is FailureReason.CHECKPOINT_LOST:
+            return self.begin(
+                UpgradeMode.COMMITTED_OFFSETS,
+                CHECKPOINT_LOST,
+                from_hash=from_hash,
+                event=Event(
+                    "Warning",
+                    CHECKPOINT_LOST,
+                    f"the driver found checkpoint generation {self.generation} lost "
+                    f"({failure.message}); generation {self.generation + 1} starts from the "
+                    "progress group",
+                ),
+            )
         if failure.reason is FailureReason.CORRUPT_CHECKPOINT:
             delay = backoff_seconds(self.failover, self.s.failover)
             return self.begin(

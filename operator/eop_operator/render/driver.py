@@ -10,7 +10,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from eop_operator.api.models import ExactlyOncePipeline
+from eop_operator.api.models import (
+    CHECKPOINT_SECRET_KEYS,
+    CHECKPOINT_SECRET_OPTIONAL_KEYS,
+    ExactlyOncePipeline,
+)
 from eop_operator.render.naming import (
     GENERATION_ANNOTATION,
     RESTART_NONCE_ANNOTATION,
@@ -90,18 +94,90 @@ def driver_spark_conf(
     namespace = pipeline.metadata.namespace
     name = driver_name(pipeline)
     executor = pipeline.spec.spark.executor
-    return conf | {
-        "spark.kubernetes.namespace": namespace,
-        "spark.kubernetes.container.image": image,
-        "spark.kubernetes.driver.pod.name": f"{name}-0",
-        "spark.kubernetes.executor.podNamePrefix": name,
-        "spark.driver.host": f"{name}-0.{name}.{namespace}.svc",
-        "spark.driver.port": str(ports.driver_rpc),
-        "spark.driver.blockManager.port": str(ports.block_manager),
-        "spark.executor.instances": str(executor.instances),
-        "spark.executor.cores": str(executor.cores),
-        "spark.executor.memory": executor.memory,
+    return (
+        conf
+        | executor_credentials_conf(pipeline)
+        | {
+            "spark.kubernetes.namespace": namespace,
+            "spark.kubernetes.container.image": image,
+            "spark.kubernetes.driver.pod.name": f"{name}-0",
+            "spark.kubernetes.executor.podNamePrefix": name,
+            "spark.driver.host": f"{name}-0.{name}.{namespace}.svc",
+            "spark.driver.port": str(ports.driver_rpc),
+            "spark.driver.blockManager.port": str(ports.block_manager),
+            "spark.executor.instances": str(executor.instances),
+            "spark.executor.cores": str(executor.cores),
+            "spark.executor.memory": executor.memory,
+        }
+    )
+
+
+def checkpoint_credentials_env(pipeline: ExactlyOncePipeline) -> list[dict[str, Any]]:
+    """The object store's credentials as environment variables from ``checkpoint.secretRef``.
+
+    References only: the kubelet reads the Secret; its values never pass through the
+    operator, the ConfigMap or Spark's configuration. S3A's default credential chain reads
+    these variables.
+    """
+    ref = pipeline.spec.checkpoint.secret_ref
+    if ref is None:
+        return []
+    keys = [(k, False) for k in CHECKPOINT_SECRET_KEYS]
+    keys += [(k, True) for k in CHECKPOINT_SECRET_OPTIONAL_KEYS]
+    env = []
+    for key, optional in keys:
+        selector: dict[str, Any] = {"name": ref.name, "key": key}
+        if optional:
+            selector["optional"] = True
+        env.append({"name": key, "valueFrom": {"secretKeyRef": selector}})
+    return env
+
+
+def executor_credentials_conf(pipeline: ExactlyOncePipeline) -> dict[str, str]:
+    """Spark settings that give executor pods the same variables (Secret references)."""
+    ref = pipeline.spec.checkpoint.secret_ref
+    if ref is None:
+        return {}
+    # Spark's secretKeyRef has no optional form: the required keys only.
+    return {
+        f"spark.kubernetes.executor.secretKeyRef.{key}": f"{ref.name}:{key}"
+        for key in CHECKPOINT_SECRET_KEYS
     }
+
+
+#: The container security context of every pod the operator renders.
+CONTAINER_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+#: The pod security context of every pod the operator renders.
+POD_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": APP_UID,
+    "runAsGroup": APP_UID,
+    "fsGroup": APP_UID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def node_placement(pipeline: ExactlyOncePipeline) -> dict[str, Any]:
+    """Pod spec fields that place a pipeline's pods: host network, node selector, tolerations,
+    and the ServiceAccount (the driver's, or the pipeline's own)."""
+    driver = pipeline.spec.driver
+    spec: dict[str, Any] = {}
+    service_account = driver_service_account_name(pipeline)
+    if service_account:
+        spec["serviceAccountName"] = service_account
+    if driver.host_network:
+        spec["hostNetwork"] = True
+        spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    if driver.node_selector:
+        spec["nodeSelector"] = dict(driver.node_selector)
+    if driver.tolerations:
+        spec["tolerations"] = list(driver.tolerations)
+    return spec
 
 
 def _volumes(pipeline: ExactlyOncePipeline) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -186,18 +262,14 @@ def _container(pipeline: ExactlyOncePipeline, image: str, ports: DriverPorts) ->
             {"name": SCRATCH_ENV, "value": "/tmp/spark"},
             {"name": "HOME", "value": "/tmp"},
             _metrics_host_env(ports),
+            *checkpoint_credentials_env(pipeline),
             *pipeline.spec.driver.env,
         ],
         "ports": container_ports,
         "resources": driver_resources(pipeline),
         "volumeMounts": mounts,
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {
-            "runAsNonRoot": True,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": dict(CONTAINER_SECURITY),
     }
 
 
@@ -215,27 +287,15 @@ def render_pod_template(
         "containers": [_container(pipeline, image, ports)],
         "volumes": volumes,
         "terminationGracePeriodSeconds": termination_grace_seconds(pipeline),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": APP_UID,
-            "runAsGroup": APP_UID,
-            "fsGroup": APP_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": dict(POD_SECURITY),
         "enableServiceLinks": False,
     }
-    service_account = driver_service_account_name(pipeline)
-    if service_account:
-        pod_spec["serviceAccountName"] = service_account
+    placement = node_placement(pipeline)
+    if "serviceAccountName" in placement:
+        pod_spec["serviceAccountName"] = placement.pop("serviceAccountName")
     # Only drivers that talk to the API server (executors on Kubernetes) get a token.
     pod_spec["automountServiceAccountToken"] = pipeline.spec.spark.on_kubernetes
-    if driver.host_network:
-        pod_spec["hostNetwork"] = True
-        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
-    if driver.node_selector:
-        pod_spec["nodeSelector"] = dict(driver.node_selector)
-    if driver.tolerations:
-        pod_spec["tolerations"] = list(driver.tolerations)
+    pod_spec.update(placement)
     return {
         "metadata": {
             "labels": {**driver.labels, **common_labels(pipeline, "driver")},

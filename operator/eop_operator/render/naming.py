@@ -27,6 +27,11 @@ def checkpoint_claim_name(pipeline: ExactlyOncePipeline) -> str:
     return f"{pipeline.metadata.name}-checkpoint"
 
 
+def checkpoint_deletion_job_name(pipeline: ExactlyOncePipeline) -> str:
+    """The Job that deletes a checkpoint in object storage (retention Delete)."""
+    return f"{pipeline.metadata.name}-checkpoint-delete"
+
+
 def driver_name(pipeline: ExactlyOncePipeline) -> str:
     """The driver StatefulSet, its headless Service and (when created) its ServiceAccount."""
     return f"{pipeline.metadata.name}-driver"

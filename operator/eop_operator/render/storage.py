@@ -1,12 +1,25 @@
-"""The run configuration ConfigMap and the checkpoint PersistentVolumeClaim."""
+"""The run configuration ConfigMap, the checkpoint claim and the checkpoint deletion Job."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from eop_operator.api.models import ExactlyOncePipeline, Retention
-from eop_operator.render.naming import checkpoint_claim_name, child_metadata, config_map_name
+from eop_operator.render.driver import (
+    CONTAINER_SECURITY,
+    POD_SECURITY,
+    checkpoint_credentials_env,
+    node_placement,
+)
+from eop_operator.render.naming import (
+    checkpoint_claim_name,
+    checkpoint_deletion_job_name,
+    child_metadata,
+    common_labels,
+    config_map_name,
+)
 from eop_spark.config import CONFIG_FILE_NAME, RunConfig
+from eop_spark.session import SCRATCH_ENV
 
 
 def render_config_map(pipeline: ExactlyOncePipeline, run_config: RunConfig) -> dict[str, Any]:
@@ -51,3 +64,64 @@ def retains_checkpoint(pipeline: ExactlyOncePipeline) -> bool:
         pipeline.spec.checkpoint.claim is not None
         and pipeline.spec.checkpoint.retention is Retention.RETAIN
     )
+
+
+#: What the checkpoint deletion Job may take: a Spark session in one JVM, a few requests.
+_DELETION_MEMORY = "1Gi"
+#: How long the deletion may run before the Job fails (and is retried, up to the backoff limit).
+DELETION_DEADLINE_SECONDS = 600
+
+
+def render_checkpoint_deletion_job(
+    pipeline: ExactlyOncePipeline, image: str, root: str
+) -> dict[str, Any]:
+    """The Job that deletes a checkpoint in object storage (retention Delete), or raises.
+
+    It runs ``eop checkpoint delete <root>`` in the pipeline's Spark image, with the
+    object store's settings as arguments and its credentials as the driver has them
+    (environment variables from ``checkpoint.secretRef``, or the ServiceAccount's web
+    identity): the operator itself never holds them. Hardened like the driver, placed like
+    it; owned by the pipeline, so it goes with it.
+    """
+    options = [f"--option={k}={v}" for k, v in sorted(pipeline.spec.checkpoint.options.items())]
+    container = {
+        "name": "delete",
+        "image": image,
+        "imagePullPolicy": pipeline.spec.image_pull_policy.value,
+        "args": ["checkpoint", "delete", root, *options],
+        "workingDir": "/tmp",
+        "env": [
+            {"name": "HOME", "value": "/tmp"},
+            {"name": SCRATCH_ENV, "value": "/tmp/spark"},
+            *checkpoint_credentials_env(pipeline),
+        ],
+        "resources": {
+            "requests": {"cpu": "100m", "memory": _DELETION_MEMORY},
+            "limits": {"memory": _DELETION_MEMORY},
+        },
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": dict(CONTAINER_SECURITY),
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
+        "securityContext": dict(POD_SECURITY),
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        **node_placement(pipeline),
+    }
+    labels = common_labels(pipeline, "checkpoint-deletion")
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": child_metadata(
+            pipeline, checkpoint_deletion_job_name(pipeline), "checkpoint-deletion"
+        ),
+        "spec": {
+            "backoffLimit": 3,
+            "activeDeadlineSeconds": DELETION_DEADLINE_SECONDS,
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
