@@ -9,14 +9,22 @@ from eop_operator.render.naming import checkpoint_claim_name, child_metadata, co
 from eop_spark.config import CONFIG_FILE_NAME, RunConfig
 
 
-def render_config_map(pipeline: ExactlyOncePipeline, run_config: RunConfig) -> dict[str, Any]:
-    """The ConfigMap the driver reads its run configuration from (no secret values in it)."""
+def render_config_map(
+    pipeline: ExactlyOncePipeline, run_config: RunConfig, files: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The ConfigMap the driver reads its run configuration from (no secret values in it).
+
+    ``files``: more of what the driver reads, by file name (the executor pod template).
+    """
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": child_metadata(pipeline, config_map_name(pipeline), "config"),
         "data": {
-            CONFIG_FILE_NAME: run_config.model_dump_json(by_alias=True, exclude_none=True, indent=2)
+            CONFIG_FILE_NAME: run_config.model_dump_json(
+                by_alias=True, exclude_none=True, indent=2
+            ),
+            **(files or {}),
         },
     }
 
