@@ -1,4 +1,4 @@
-"""The ``eop`` command: operator, crd, render, run.
+"""The ``eop`` command: operator, crd, render, run, executor.
 
 Heavy imports (kopf, pyspark) happen inside the subcommand that needs them, so
 ``eop crd`` and ``eop render`` start fast and the Spark image needs no kopf.
@@ -81,6 +81,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if overrides:
         config = config.model_copy(update=overrides)
     return run(config, log_format=args.log_format)
+
+
+def cmd_executor(_: argparse.Namespace) -> int:
+    """Start this executor pod's JVM (see eop_spark.executor)."""
+    from eop_spark.executor import main as run_executor
+
+    return run_executor()
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
@@ -285,6 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--generation", type=int, help="checkpoint generation")
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.set_defaults(func=cmd_run)
+
+    executor = sub.add_parser(
+        "executor",
+        help="run a Spark executor (in the executor pods a driver with a k8s:// master makes)",
+    )
+    executor.set_defaults(func=cmd_executor)
     return parser
 
 
