@@ -1,4 +1,4 @@
-"""The ``eop`` command: operator, crd, render, run, checkpoint delete.
+"""The ``eop`` command: operator, crd, render, run, executor, checkpoint delete.
 
 Heavy imports (kopf, pyspark) happen inside the subcommand that needs them, so
 ``eop crd`` and ``eop render`` start fast and the Spark image needs no kopf.
@@ -106,6 +106,13 @@ def cmd_checkpoint_delete(args: argparse.Namespace) -> int:
     count = delete_checkpoint_root(args.root, options)
     print(f"deleted {count} files under {args.root}" if count else f"nothing under {args.root}")
     return 0
+
+
+def cmd_executor(_: argparse.Namespace) -> int:
+    """Start this executor pod's JVM (see eop_spark.executor)."""
+    from eop_spark.executor import main as run_executor
+
+    return run_executor()
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
@@ -328,6 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
         "from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)",
     )
     delete.set_defaults(func=cmd_checkpoint_delete)
+    executor = sub.add_parser(
+        "executor",
+        help="run a Spark executor (in the executor pods a driver with a k8s:// master makes)",
+    )
+    executor.set_defaults(func=cmd_executor)
     return parser
 
 

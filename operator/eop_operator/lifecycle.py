@@ -13,6 +13,7 @@ import asyncio
 import datetime
 import logging
 import math
+import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ from eop_operator.reconcile.status import (
     lifecycle_verdict,
     pod_cause,
     ready_column,
+    scale_status,
     status_patch,
 )
 from eop_operator.reconcile.upgrade import (
@@ -45,7 +47,13 @@ from eop_operator.reconcile.upgrade import (
     spec_fingerprint,
     spec_to_run,
 )
-from eop_operator.render import MissingImage, RenderedPipeline, checkpoint_root
+from eop_operator.render import (
+    MissingImage,
+    RenderedPipeline,
+    checkpoint_root,
+    rpc_secret,
+)
+from eop_operator.render.executors import RPC_KEY_BYTES
 from eop_operator.render.naming import (
     RESTART_NONCE_ANNOTATION,
     checkpoint_claim_name,
@@ -219,6 +227,25 @@ async def apply_children(
     return tuple(refused)
 
 
+async def ensure_rpc_secret(client: KubeClient, pipeline: ExactlyOncePipeline) -> tuple[str, ...]:
+    """Create the pipeline's RPC key Secret with a new random key, unless it exists.
+
+    Created, never applied: an existing key stays as it is (a running driver and the
+    executors it starts later must read the same one), and the operator never reads it.
+    Returns what the API server refused (the driver then waits for the Secret to mount).
+    """
+    secret = rpc_secret(pipeline, secrets.token_bytes(RPC_KEY_BYTES))
+    try:
+        await client.create(secret)
+    except KubeError as exc:
+        if exc.status == 409:  # AlreadyExists
+            return ()
+        if not _refused(exc):
+            raise
+        return (_refusal(secret, exc),)
+    return ()
+
+
 async def _warnings(client: KubeClient, key: tuple[str, str], clock: float) -> list[WarningEvent]:
     """The namespace's Warning events: one list, at most every ``WARNINGS_SECONDS``."""
     cached = _WARNINGS.get(key)
@@ -323,8 +350,10 @@ async def _step(
         and step in (None, UpgradeStep.STARTING.value)
     )
     if decision.action is Action.APPLY or heal:
-        objects = render(run, decision.generation, decision.reset_progress).objects
-        refused = await apply_children(client, objects, decision.replicas)
+        rendered = render(run, decision.generation, decision.reset_progress)
+        # The key first: a driver pod waits for every Secret it mounts.
+        refused = await ensure_rpc_secret(client, run) if rendered.needs_rpc_secret else ()
+        refused += await apply_children(client, rendered.objects, decision.replicas)
         _HEALED[key] = clock
         before = _REFUSED.get(key, ())
         _REFUSED[key] = refused
@@ -370,13 +399,14 @@ async def _write_status(
     )
     ready = ready_column(observation, suspend=pipeline.spec.suspend)
     generation = pipeline.metadata.generation
+    scale = scale_status(pipeline, observation)
     patch = status_patch(
         verdict,
         previous=previous,
         generation=generation,
         ready=ready,
         now=_now(),
-        extra=decision.status,
+        extra={**scale, **decision.status},
     )
     unchanged = [(c["type"], c["status"], c["reason"], c["message"]) for c in patch["conditions"]]
     before = [(c.type, c.status.value, c.reason, c.message) for c in previous.conditions]
@@ -385,7 +415,9 @@ async def _write_status(
         previous.ready,
         previous.observed_generation,
         before,
-    ) == (verdict.phase, ready, generation, unchanged):
+        previous.executors,
+        previous.executor_selector,
+    ) == (verdict.phase, ready, generation, unchanged, *scale.values()):
         return
     checkpoint = dict(patch.get("checkpoint") or {})
     current = previous.checkpoint.generation if previous.checkpoint else 0

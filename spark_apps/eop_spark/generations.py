@@ -30,9 +30,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from eop_spark.config import RunConfig
-from eop_spark.errors import CheckpointLost, ProgressMissing, StateLost
+from eop_spark.errors import CheckpointLost, ConfigError, ProgressMissing, StateLost
 from eop_spark.offsets import Offsets, TopicPartition, to_spark_json
-from eop_spark.offsets_log import CheckpointFormatError, FileReader, OffsetsLog
+from eop_spark.offsets_log import CheckpointFormatError, FileReader, OffsetsLog, is_local
 from eop_spark.plan import plan_nodes
 
 _GENERATION = re.compile(r"^gen-(\d+)$")
@@ -205,3 +205,21 @@ def check_state_kept(config: RunConfig, analyzed_plan: str, resumes_progress: bo
         "from startingOffsets) or set spec.transform.allowEmptyState: true to restart with "
         "empty state"
     )
+
+
+def check_state_store_reachable(config: RunConfig, analyzed_plan: str) -> None:
+    """Refuse a stateful query whose executors on Kubernetes could not write its state.
+
+    Executors write a stateful query's state store into the checkpoint; a checkpoint on a
+    volume is mounted in the driver pod only. Object storage (``checkpoint.uri``) is reached
+    from every pod.
+    """
+    if not config.spark.on_kubernetes or not is_local(config.checkpoint_location):
+        return
+    operators = stateful_operators(analyzed_plan)
+    if operators:
+        raise ConfigError(
+            f"a stateful query ({', '.join(operators)}) with executors on Kubernetes needs its "
+            "checkpoint in object storage (spec.checkpoint.uri): the executors write its state "
+            f"there, and {config.checkpoint_location} is a volume of the driver pod only"
+        )

@@ -39,7 +39,11 @@ from eop_spark.batch_log import BatchResult, configure_logging, log_batch
 from eop_spark.client_config import sink_java_config, source_client_config, without_java_only
 from eop_spark.config import RunConfig
 from eop_spark.errors import EXIT_OK, ConfigError, EopError, PipelineFailed, from_failure
-from eop_spark.generations import check_checkpoint_kept, check_state_kept
+from eop_spark.generations import (
+    check_checkpoint_kept,
+    check_state_kept,
+    check_state_store_reachable,
+)
 from eop_spark.jars import connector_jars
 from eop_spark.keep_alive import KeepAlive, refresh_each_partition
 from eop_spark.metrics import Counters, serve_metrics
@@ -331,6 +335,7 @@ class PipelineRun:
         transformed = apply_transform(spark, df, config.transform)
         analyzed = str(transformed.df._jdf.queryExecution().analyzed().toString())
         check_state_kept(config, analyzed, start.resumes_progress)
+        check_state_store_reachable(config, analyzed)
         choice = self.choose(transformed, analyzed)
         log.info("commit mode %s: %s", choice.mode.value, choice.reason)
 

@@ -38,9 +38,10 @@ OBJECT_STORE_CHECKPOINTS = (
     "org.apache.spark.internal.io.cloud.AbortableStreamBasedCheckpointFileManager"
 )
 
-# Spark's own logs go to stdout next to the runner's, warnings and up: stderr is
-# kept for the one error line a failed run ends with.
-_LOG4J2 = """\
+#: Spark's own logs go to stdout next to the runner's, warnings and up: stderr is
+#: kept for the one error line a failed run ends with. The partitioned sink's JVM writer
+#: says which transactional ids a JVM took (once each). Executors log the same way.
+LOG4J2_PROPERTIES = """\
 rootLogger.level = warn
 rootLogger.appenderRef.stdout.ref = console
 appender.console.type = Console
@@ -52,6 +53,8 @@ logger.kafka.name = org.apache.kafka
 logger.kafka.level = error
 logger.kafka010.name = org.apache.spark.sql.kafka010
 logger.kafka010.level = error
+logger.eop.name = io.exactlyonce.eop
+logger.eop.level = info
 """
 
 
@@ -193,7 +196,7 @@ def build_session(
     log4j2_dir = tempfile.mkdtemp(prefix="eop-spark-", dir=scratch)
     atexit.register(shutil.rmtree, log4j2_dir, ignore_errors=True)
     log4j2 = Path(log4j2_dir) / "log4j2.properties"
-    log4j2.write_text(_LOG4J2)
+    log4j2.write_text(LOG4J2_PROPERTIES)
     if archive_at_exit is not None:
         java_options = f"-XX:ArchiveClassesAtExit={archive_at_exit}"
     else:

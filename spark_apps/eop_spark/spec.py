@@ -522,8 +522,50 @@ class ExecutorSpec(ResourceSpec):
     instances: int = Field(default=1, ge=1, le=1000, description="Number of executors.")
 
 
+#: Spark settings that keep the RPC between driver and executors authenticated and encrypted.
+RPC_SECURITY_SETTINGS = ("spark.authenticate", "spark.network.crypto.enabled")
+#: A Spark setting that holds the RPC secret itself: never in a spec (see docs/security.md).
+RPC_SECRET_SETTING = "spark.authenticate.secret"
+
+
+def _on_kubernetes(master: str) -> bool:
+    return master.startswith("k8s://")
+
+
 class SparkSpec(SpecModel):
     """Spark settings of the driver (and executors when they run on Kubernetes)."""
+
+    rules = (
+        Rule(
+            "!has(self.executor) || !has(self.executor.instances) || "
+            "self.executor.instances == 1 || self.master.startsWith('k8s://')",
+            lambda s: s.executor.instances == 1 or _on_kubernetes(s.master),
+            "spark.executor.instances applies to a k8s:// master only: local[N] runs every task "
+            "in the driver pod",
+            field_path=".executor.instances",
+        ),
+        Rule(
+            "!self.master.startsWith('k8s://') || !has(self.conf) || "
+            + " && ".join(
+                f"(!('{key}' in self.conf) || self.conf['{key}'] == 'true')"
+                for key in RPC_SECURITY_SETTINGS
+            ),
+            lambda s: (
+                not _on_kubernetes(s.master)
+                or all(s.conf.get(key, "true") == "true" for key in RPC_SECURITY_SETTINGS)
+            ),
+            f"spark.conf must not turn off {' or '.join(RPC_SECURITY_SETTINGS)} with a k8s:// "
+            "master: executors talk to the driver authenticated and encrypted",
+            field_path=".conf",
+        ),
+        Rule(
+            f"!has(self.conf) || !('{RPC_SECRET_SETTING}' in self.conf)",
+            lambda s: RPC_SECRET_SETTING not in s.conf,
+            f"spark.conf must not hold {RPC_SECRET_SETTING}: a secret would be stored in the "
+            "pipeline and its ConfigMap (eop mounts a per-pipeline Secret instead)",
+            field_path=".conf",
+        ),
+    )
 
     master: str = Field(
         default="local[2]",
@@ -539,4 +581,4 @@ class SparkSpec(SpecModel):
     @property
     def on_kubernetes(self) -> bool:
         """Whether executors run as Kubernetes pods."""
-        return self.master.startswith("k8s://")
+        return _on_kubernetes(self.master)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +31,8 @@ from eop_operator import API_VERSION, KIND, PLURAL
 from eop_operator.api.crd import crd_yaml
 from eop_operator.api.load import load_pipeline
 from eop_operator.cli import build_parser
-from eop_operator.render import render_pipeline
+from eop_operator.render import render_pipeline, rpc_secret
+from eop_operator.render.executors import RPC_KEY_BYTES
 from eop_operator.render.rbac import DEFAULT_DRIVER_ROLE, DRIVER_RULES, DriverRole
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "eop"
@@ -398,10 +401,13 @@ def test_rbac_reads_secrets_by_name_only_and_never_escalates(
             assert rule["resources"] == [driver_role["kind"].lower() + "s"], rule
             assert rule["resourceNames"] == [driver_role["metadata"]["name"]], rule
     # The health checks read the Secret a pipeline names; they can never list or watch them.
-    assert granted(rules, "", "secrets") == {"get"}
-    assert (
-        granted(all_rules(render(helm, *values, "rbac.readSecrets=false")), "", "secrets") == set()
-    )
+    # The operator creates its pipelines' Spark RPC keys (and nothing else: the chart's
+    # admission policy, test_operator_account_can_do_its_job_and_no_more).
+    assert granted(rules, "", "secrets") == {"get", "create"}
+    without_reads = render(helm, *values, "rbac.readSecrets=false")
+    assert granted(all_rules(without_reads), "", "secrets") == {"create"}
+    kinds = {o["kind"] for o in objects}
+    assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
 
 
 @MODES
@@ -662,6 +668,28 @@ def apply_as_operator(
     )
 
 
+def account_of(rendered: list[Manifest]) -> str:
+    """The driver's ServiceAccount among a pipeline's rendered objects."""
+    (account,) = [o["metadata"]["name"] for o in rendered if o["kind"] == "ServiceAccount"]
+    return str(account)
+
+
+def eventually_refused(cp: ControlPlane, release: Release, secret: Manifest) -> str:
+    """Create ``secret`` as the operator until the API server refuses it; its answer.
+
+    A policy is in force a moment after it is created: what got through before is deleted.
+    """
+    deadline = time.monotonic() + 30
+    while True:
+        result = as_operator(cp, release, "create", "-f", "-", stdin=json.dumps(secret))
+        if result.returncode != 0:
+            return result.stderr
+        meta = secret["metadata"]
+        cp.kubectl("delete", "secret", meta["name"], "-n", meta["namespace"], check=True)
+        assert time.monotonic() < deadline, f"the operator could create {meta['name']}"
+        time.sleep(1)
+
+
 @pytest.mark.kube
 @pytest.mark.parametrize("installed", ["default", "namespaced", "cluster-wide"], indirect=True)
 def test_operator_account_can_do_its_job_and_no_more(
@@ -675,8 +703,29 @@ def test_operator_account_can_do_its_job_and_no_more(
     for obj in rendered:
         result = apply_as_operator(cp, release, obj)
         assert result.returncode == 0, f"{obj['kind']}: {result.stderr}"
+    # ... and the pipeline's Spark RPC key, which it creates (never applies, reads or updates).
+    key = rpc_secret(load_pipeline(k8s_pipeline(ns)), secrets.token_bytes(RPC_KEY_BYTES))
+    created = as_operator(cp, release, "create", "-f", "-", stdin=json.dumps(key))
+    assert created.returncode == 0, created.stderr
+    # Any other Secret is refused to it, a token of one of the namespace's accounts above all
+    # (the admission policy may take a moment to be in force after the install).
+    token = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": "mint-spark-rpc",
+            "namespace": ns,
+            "labels": key["metadata"]["labels"],
+            "annotations": {"kubernetes.io/service-account.name": account_of(rendered)},
+        },
+        "type": "kubernetes.io/service-account-token",
+    }
+    other = {**key, "metadata": {**key["metadata"], "name": "payments-db"}}
+    for refused in (token, other):
+        answer = eventually_refused(cp, release, refused)
+        assert "creates only the Opaque <pipeline>-spark-rpc Secrets" in answer, answer
     # The driver can run its executors in its namespace, and nothing more.
-    (account,) = [o["metadata"]["name"] for o in rendered if o["kind"] == "ServiceAccount"]
+    account = account_of(rendered)
     as_driver = ("--as", f"system:serviceaccount:{ns}:{account}")
     for verb in ("create", "delete", "deletecollection"):
         assert (

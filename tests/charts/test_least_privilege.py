@@ -2,10 +2,11 @@
 
 The chart is installed with its default values; ``eop operator`` runs with the chart's own
 arguments and nothing but its ServiceAccount's token. It reconciles pipelines in its namespace
-(a driver with executors on Kubernetes is bound to the chart's drivers' role), reads the Kafka
-Secret a pipeline references, and the API server's audit log shows it never asks for any other
-Secret, nor lists them; a Secret in another namespace is refused to its account. A pipeline
-asking for the node's network gets no driver and a status naming the field.
+(a driver with executors on Kubernetes is bound to the chart's drivers' role, and gets its RPC
+key Secret), reads the Kafka Secret a pipeline references, and the API server's audit log shows
+it never asks for any other Secret, nor lists them; a Secret in another namespace is refused to
+its account. A pipeline asking for the node's network gets no driver and a status naming the
+field.
 """
 
 from __future__ import annotations
@@ -170,8 +171,10 @@ def test_namespaced_default_runs_pipelines_with_only_its_rbac(
     assert refused.returncode != 0 and "forbidden" in refused.stderr.lower()
     listed = cp.kubectl("get", "secrets", "-n", NAMESPACE, kubeconfig=kubeconfig)
     assert listed.returncode != 0 and "forbidden" in listed.stderr.lower()
-    # In the whole run, the operator asked for no other Secret and never listed or watched any.
+    # In the whole run, the operator asked for no other Secret and never listed or watched any;
+    # it created the RPC key of the pipeline with executors on Kubernetes (then found it there).
     requests = audited.secret_requests(user)
     assert {(e["verb"], e["objectRef"].get("namespace"), e["objectRef"].get("name"))
-            for e in requests} == {("get", NAMESPACE, REFERENCED)}  # fmt: skip
+            for e in requests} == {("get", NAMESPACE, REFERENCED),
+                                   ("create", NAMESPACE, "wide-spark-rpc")}  # fmt: skip
     assert "Forbidden" not in operator.text(), "the chart's RBAC was not enough"

@@ -127,6 +127,7 @@ MALFORMED = [
 _LIMIT = "spec.driver.resources.limits.cpu: Invalid value"
 _STALL = "spec.health.stallTimeout: Invalid value"
 _PATTERN = "spec.source.kafka.topicPattern: Invalid value"
+_K8S = "k8s://https://kubernetes.default.svc"
 
 #: Mistakes a user makes that the API server refuses since the models carry the rules that
 #: used to fail only in the driver (issue 28 item 3, issue 27 item 6): (case id, mutation,
@@ -164,6 +165,34 @@ REFUSED_AT_THE_DOOR: list[tuple[str, Callable[[dict[str, Any]], None], tuple[str
             _set("spec.driver.resources", {"limits": {"cpu": "1"}})(obj),
         ),
         (_LIMIT, "spark.driver.cores"),
+    ),
+    (
+        "executor-cpu-limit-below-cores",
+        lambda obj: (
+            _set("spec.spark", {"master": _K8S, "executor": {"cores": 2}})(obj),
+            _set("spec.executor", {"resources": {"limits": {"cpu": "1"}}})(obj),
+        ),
+        ("spec.executor.resources.limits.cpu: Invalid value", "spark.executor.cores"),
+    ),
+    (
+        "executors-in-local-mode",
+        _set("spec.spark", {"master": "local[2]", "executor": {"instances": 3}}),
+        ("spec.spark.executor.instances: Invalid value", "applies to a k8s:// master only"),
+    ),
+    (
+        "rpc-authentication-off",
+        _set("spec.spark", {"master": _K8S, "conf": {"spark.authenticate": "false"}}),
+        ("spec.spark.conf: Invalid value", "must not turn off spark.authenticate"),
+    ),
+    (
+        "rpc-encryption-off",
+        _set("spec.spark", {"master": _K8S, "conf": {"spark.network.crypto.enabled": "false"}}),
+        ("spec.spark.conf: Invalid value", "spark.network.crypto.enabled"),
+    ),
+    (
+        "rpc-key-in-the-spec",
+        _set("spec.spark", {"master": _K8S, "conf": {"spark.authenticate.secret": "s3cret"}}),
+        ("spec.spark.conf: Invalid value", "must not hold spark.authenticate.secret"),
     ),
     (
         "check-interval-zero",
@@ -362,6 +391,16 @@ def test_what_users_write_in_examples_stays_accepted(
         },
         "retention": "Delete",
     }
+    code, output = _apply(crd_installed, kube_namespace, obj)
+    assert code == 0, output
+    # Executors on Kubernetes, their CPU, and RPC settings that keep it secure.
+    obj["metadata"]["name"] = "wide"
+    obj["spec"]["spark"] = {
+        "master": _K8S,
+        "executor": {"instances": 4, "cores": 2},
+        "conf": {"spark.authenticate": "true", "spark.network.crypto.cipher": "AES/GCM/NoPadding"},
+    }
+    obj["spec"]["executor"] = {"resources": {"requests": {"cpu": "500m"}, "limits": {"cpu": "2"}}}
     code, output = _apply(crd_installed, kube_namespace, obj)
     assert code == 0, output
 

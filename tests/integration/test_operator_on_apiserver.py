@@ -7,6 +7,7 @@ pods stay Pending and the phase stays Pending.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import Iterator
@@ -295,3 +296,81 @@ def test_spec_the_api_server_accepts_but_eop_cannot_run_is_reported(
     warnings = [e for e in _events(cp, ns, "broken") if e["type"] == "Warning"]
     assert any("topicPattern" in e["message"] for e in warnings)
     assert get(cp, "statefulset", "broken-driver", ns) is None
+
+
+def _scale(cp: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
+    path = f"/apis/exactlyonce.io/v1alpha1/namespaces/{namespace}/exactlyoncepipelines/{name}/scale"
+    scale: dict[str, Any] = json.loads(cp.kubectl("get", "--raw", path, check=True).stdout)
+    return scale
+
+
+def test_executors_on_kubernetes_get_an_rpc_key_and_scale_with_kubectl(
+    control_plane: ControlPlane, operator: Path, kube_namespace: str
+) -> None:
+    """The operator makes the RPC key Secret once; `kubectl scale` changes the executor count."""
+    cp, ns = control_plane, kube_namespace
+    master = {"master": "k8s://https://kubernetes.default.svc", "executor": {"instances": 2}}
+    _apply(cp, ns, _pipeline("wide", spark=master))
+    owner = wait_for(
+        lambda: (get(cp, "eop", "wide", ns) or {}).get("metadata", {}).get("uid"), "uid"
+    )
+    secret = wait_for(lambda: get(cp, "secret", "wide-spark-rpc", ns), "the RPC key Secret")
+    assert secret["type"] == "Opaque" and secret["immutable"] is True
+    assert [o["uid"] for o in secret["metadata"]["ownerReferences"]] == [owner]
+    assert len(base64.b64decode(secret["data"]["key"])) == 32
+    sts = wait_for(lambda: get(cp, "statefulset", "wide-driver", ns), "the driver StatefulSet")
+    volumes = sts["spec"]["template"]["spec"]["volumes"]
+    assert {"secretName": "wide-spark-rpc", "defaultMode": 0o400} in [
+        v.get("secret") for v in volumes
+    ]
+    # The key appears nowhere but in its Secret.
+    config = json.dumps(get(cp, "configmap", "wide-config", ns))
+    assert (
+        secret["data"]["key"] not in config
+        and base64.b64decode(secret["data"]["key"]).hex() not in config
+    )
+
+    # /scale: the executor count, and what the operator reports (no kubelet: no driver runs).
+    selector = wait_for(
+        lambda: (get(cp, "eop", "wide", ns) or {}).get("status", {}).get("executorSelector"),
+        "status.executorSelector",
+    )
+    scale = _scale(cp, ns, "wide")
+    assert scale["spec"]["replicas"] == 2
+    assert scale["status"] == {"replicas": 0, "selector": selector}
+    assert "app.kubernetes.io/component=executor" in selector
+
+    # kubectl scale: a new count, so a new spec hash: the upgrade rules roll the driver.
+    old_hash = sts["spec"]["template"]["metadata"]["annotations"]["exactlyonce.io/spec-hash"]
+    cp.kubectl("scale", "eop/wide", "-n", ns, "--replicas=3", check=True)
+    assert get(cp, "eop", "wide", ns)["spec"]["spark"]["executor"]["instances"] == 3  # type: ignore[index]
+    rolled = wait_for(
+        lambda: (
+            (s := get(cp, "statefulset", "wide-driver", ns))
+            and s["spec"]["template"]["metadata"]["annotations"]["exactlyonce.io/executors"] == "3"
+            and s
+        ),
+        "the driver rolled with 3 executors",
+    )
+    assert (
+        rolled["spec"]["template"]["metadata"]["annotations"]["exactlyonce.io/spec-hash"]
+        != old_hash
+    )
+    run = json.loads(get(cp, "configmap", "wide-config", ns)["data"]["run.json"])  # type: ignore[index]
+    assert run["spark"]["conf"]["spark.executor.instances"] == "3"
+    # The key stays the one the driver and its executors share.
+    again = get(cp, "secret", "wide-spark-rpc", ns)
+    assert again is not None and again["metadata"]["uid"] == secret["metadata"]["uid"]
+    assert again["data"] == secret["data"]
+
+    # A pipeline in local mode has no executors to scale: the API server says why.
+    _apply(cp, ns, _pipeline("narrow"))
+    refused = cp.kubectl("scale", "eop/narrow", "-n", ns, "--replicas=2")
+    assert refused.returncode != 0
+    assert "spark.executor.instances applies to a k8s:// master only" in refused.stderr
+    assert _scale(cp, ns, "narrow")["spec"]["replicas"] == 1
+    assert get(cp, "secret", "narrow-spark-rpc", ns) is None
+
+    # The garbage collector takes the key with its pipeline.
+    cp.kubectl("delete", "eop", "wide", "-n", ns, "--wait=true", "--timeout=30s", check=True)
+    wait_for(lambda: get(cp, "secret", "wide-spark-rpc", ns) is None, "GC of the RPC key")

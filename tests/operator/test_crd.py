@@ -59,7 +59,15 @@ def test_schema_carries_cel_rules_for_choices_and_immutability() -> None:
 def test_crd_has_status_subresource_short_name_and_columns() -> None:
     crd = yaml.safe_load(crd_yaml())
     version = crd["spec"]["versions"][0]
-    assert version["subresources"] == {"status": {}}
+    # kubectl scale, a HorizontalPodAutoscaler or KEDA set the executor count.
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.spark.executor.instances",
+            "statusReplicasPath": ".status.executors",
+            "labelSelectorPath": ".status.executorSelector",
+        },
+    }
     assert crd["spec"]["names"]["shortNames"] == ["eop"]
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns[:3] == ["Phase", "Ready", "Lag"]

@@ -7,9 +7,11 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 
 from eop_operator.api.load import InvalidPipeline, load_pipeline
 from eop_operator.render import MissingImage, render_pipeline
+from eop_operator.render.executors import EXECUTOR_TEMPLATE_KEY
 from eop_operator.render.naming import SPEC_HASH_ANNOTATION
 from eop_operator.render.pod_policy import PodPolicy, PodPolicyRefused, check_pod_policy
 from eop_operator.render.ports import (
@@ -237,16 +239,17 @@ def test_a_checkpoint_in_object_storage_gets_its_credentials_only_from_the_secre
 def test_executors_get_the_object_store_credentials_by_reference(manifest: dict[str, Any]) -> None:
     manifest["spec"]["checkpoint"] = OBJECT_STORE
     manifest["spec"]["spark"] = {"master": "k8s://https://kubernetes.default.svc"}
-    conf = json.loads(_objects(manifest)["ConfigMap"]["data"]["run.json"])["spark"]["conf"]
-    refs = {k: v for k, v in conf.items() if "secretKeyRef" in k}
-    assert refs == {
-        "spark.kubernetes.executor.secretKeyRef.AWS_ACCESS_KEY_ID": (
-            "s3-credentials:AWS_ACCESS_KEY_ID"
-        ),
-        "spark.kubernetes.executor.secretKeyRef.AWS_SECRET_ACCESS_KEY": (
-            "s3-credentials:AWS_SECRET_ACCESS_KEY"
-        ),
-    }
+    data = _objects(manifest)["ConfigMap"]["data"]
+    template = yaml.safe_load(data[EXECUTOR_TEMPLATE_KEY])
+    (container,) = template["spec"]["containers"]
+    for key, extra in [
+        ("AWS_ACCESS_KEY_ID", {}),
+        ("AWS_SECRET_ACCESS_KEY", {}),
+        ("AWS_SESSION_TOKEN", {"optional": True}),
+    ]:
+        ref = _env(container, key)["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "s3-credentials", "key": key, **extra}
+    assert "AWS_" not in data["run.json"]
 
 
 def test_the_checkpoint_deletion_job_runs_like_the_driver_with_the_same_secret(

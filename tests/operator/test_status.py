@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from eop_operator.api.load import load_pipeline
 from eop_operator.api.models import Condition, ConditionStatus, Phase, PipelineStatus
 from eop_operator.reconcile.observe import ClaimState, DriverState, WarningEvent
 from eop_operator.reconcile.status import (
@@ -13,6 +14,7 @@ from eop_operator.reconcile.status import (
     diagnose,
     judge,
     lifecycle_verdict,
+    scale_status,
     status_patch,
 )
 
@@ -76,6 +78,33 @@ def test_observation_from_statefulset() -> None:
     assert DriverObservation.from_statefulset(sts) == ROLLING
     sts["status"]["currentRevision"] = "b"  # type: ignore[index]
     assert DriverObservation.from_statefulset(sts) == RUNNING
+
+
+def test_scale_status_reports_the_executors_of_the_ready_driver(manifest: dict[str, Any]) -> None:
+    """What `kubectl get eop -o wide`, the /scale subresource and an autoscaler read."""
+    sts = {
+        "metadata": {"generation": 3},
+        "spec": {
+            "replicas": 1,
+            "template": {"metadata": {"annotations": {"exactlyonce.io/executors": "4"}}},
+        },
+        "status": {"observedGeneration": 3, "readyReplicas": 1, "currentRevision": "a"},
+    }
+    manifest["spec"]["spark"] = {"master": "k8s://https://kubernetes.default.svc"}
+    pipeline = load_pipeline(manifest)
+    selector = "app.kubernetes.io/name=eop-executor,app.kubernetes.io/instance=clean,"
+    selector += "app.kubernetes.io/component=executor,exactlyonce.io/pipeline=clean"
+    running = DriverObservation.from_statefulset(sts)
+    assert scale_status(pipeline, running) == {"executors": 4, "executorSelector": selector}
+    # A driver being rolled out with a new count, or not Ready yet, runs none of them.
+    sts["status"]["updateRevision"] = "b"  # type: ignore[index]
+    rolling = DriverObservation.from_statefulset(sts)
+    assert scale_status(pipeline, rolling)["executors"] == 0
+    assert scale_status(pipeline, None)["executors"] == 0
+    # Local mode: nothing to scale, both fields removed.
+    manifest["spec"]["spark"] = {"master": "local[2]"}
+    local = load_pipeline(manifest)
+    assert scale_status(local, RUNNING) == {"executors": None, "executorSelector": None}
 
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)

@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 
 from eop_spark.config import RunConfig
-from eop_spark.errors import CheckpointLost, ProgressMissing, StateLost
+from eop_spark.errors import CheckpointLost, ConfigError, ProgressMissing, StateLost
 from eop_spark.generations import (
     check_checkpoint_kept,
     check_progress_kept,
     check_state_kept,
+    check_state_store_reachable,
     earlier_progress,
     stateful_operators,
 )
@@ -147,6 +148,20 @@ def test_stateful_operators_in_analysed_plans() -> None:
     assert stateful_operators(STREAM_STATIC_JOIN) == []
     assert stateful_operators(STREAM_STREAM_JOIN) == ["Join"]
     assert stateful_operators("Deduplicate [key#1]\n+- StreamingRelationV2 x") == ["Deduplicate"]
+
+
+def test_executors_on_kubernetes_need_a_shared_checkpoint_for_state(tmp_path: Path) -> None:
+    """Executors write the state store: a volume of the driver pod is out of their reach."""
+    spark = {"master": "k8s://https://kubernetes.default.svc"}
+    cfg = config(tmp_path, 0).model_copy(
+        update={"spark": config(tmp_path, 0).spark.model_copy(update=spark)}
+    )
+    with pytest.raises(ConfigError, match=r"Aggregate.*spec\.checkpoint\.uri"):
+        check_state_store_reachable(cfg, WINDOWED)
+    check_state_store_reachable(cfg, STREAM_STATIC_JOIN)  # no state: nothing to write
+    shared = cfg.model_copy(update={"checkpoint_root": "s3a://bucket/eop/ns/p"})
+    check_state_store_reachable(shared, WINDOWED)
+    check_state_store_reachable(config(tmp_path, 0), WINDOWED)  # local mode: the driver's own
 
 
 def test_state_check_refuses_only_a_stateful_resume(tmp_path: Path) -> None:

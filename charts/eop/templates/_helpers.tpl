@@ -95,10 +95,12 @@ operator/eop_operator/render/rbac.py (tests/charts checks they agree).
 {{/*
 RBAC: what the operator may do in each namespace it serves. The one list that both the
 ClusterRole (clusterWide) and the per-namespace Roles are rendered from; why each rule exists is
-in docs/install.md. Secrets: `get` only (never list or watch), so the health checks can read the
-Kafka Secret a pipeline names (docs/observability.md); rbac.readSecrets=false drops it. No
-wildcards, no escalate or impersonate, and `bind` only on the drivers' role, by name: the
-operator hands drivers that pre-made role instead of holding (and granting) its permissions.
+in docs/install.md. Secrets: `get` (never list or watch), so the health checks can read the
+Kafka Secret a pipeline names (docs/observability.md; rbac.readSecrets=false drops it), and
+`create`, for the Spark RPC key of pipelines with executors on Kubernetes (limited by the
+chart's ValidatingAdmissionPolicy, templates/secret-policy.yaml). No wildcards, no escalate or
+impersonate, and `bind` only on the drivers' role, by name: the operator hands drivers that
+pre-made role instead of holding (and granting) its permissions.
 */}}
 {{- define "eop.rbacRules" -}}
 # The pipelines: watch them, add and remove the finalizer (patch), write their status.
@@ -141,12 +143,14 @@ operator hands drivers that pre-made role instead of holding (and granting) its 
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
-{{- if .Values.rbac.readSecrets }}
-# Health checks read the Kafka client Secret a pipeline references, by name: get, no list/watch.
+# Secrets: get (the Kafka Secret a pipeline names, for the health checks; never list or watch)
+# and create (the RPC key of a pipeline with executors on Kubernetes: created once, never read,
+# updated or deleted; the garbage collector removes it with its pipeline). Create cannot be
+# narrowed to names by RBAC: the chart's ValidatingAdmissionPolicy narrows it to Opaque Secrets
+# named <pipeline>-spark-rpc, so the operator cannot mint service-account tokens with it.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get"]
-{{- end }}
+  verbs: [{{ if .Values.rbac.readSecrets }}"get", {{ end }}"create"]
 {{- end }}
 
 {{/* Leader election: leases in the release's namespace only (never cluster-wide, where update

@@ -100,6 +100,12 @@ def openapi_schema() -> dict[str, Any]:
     """The openAPIV3Schema of the CRD's version."""
     spec = _model_schema(PipelineSpec)
     status = _model_schema(PipelineStatus)
+    # The /scale subresource reads and writes spec.spark.executor.instances: the API server
+    # fills the objects on the way (empty, then their scalar defaults), so that path has a
+    # value in every pipeline; without one, GET /scale fails.
+    spark = spec["properties"]["spark"]
+    spark["default"] = {}
+    spark["properties"]["executor"]["default"] = {}
     # kstatus: conditions are keyed by type, so server-side apply merges them per type.
     status["properties"]["conditions"]["x-kubernetes-list-type"] = "map"
     status["properties"]["conditions"]["x-kubernetes-list-map-keys"] = ["type"]
@@ -134,11 +140,26 @@ def _printer_columns() -> list[dict[str, Any]]:
             "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
         },
         {"name": "Mode", "type": "string", "jsonPath": ".status.commitMode", "priority": 1},
+        {"name": "Executors", "type": "integer", "jsonPath": ".status.executors", "priority": 1},
         {"name": "Checkpoint-Gen", "type": "integer", "jsonPath": ".status.checkpoint.generation"},
         {"name": "Restarts", "type": "integer", "jsonPath": ".status.failover.restarts"},
         {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
+
+
+#: Where the /scale subresource reads and writes: the executor count and what the operator
+#: reports for it (``status.executors``, ``status.executorSelector``).
+SCALE_SPEC_PATH = ".spec.spark.executor.instances"
+
+
+def scale_subresource() -> dict[str, str]:
+    """``kubectl scale`` / HorizontalPodAutoscaler / KEDA on the executor count."""
+    return {
+        "specReplicasPath": SCALE_SPEC_PATH,
+        "statusReplicasPath": ".status.executors",
+        "labelSelectorPath": ".status.executorSelector",
+    }
 
 
 def render_crd() -> dict[str, Any]:
@@ -163,7 +184,7 @@ def render_crd() -> dict[str, Any]:
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, "scale": scale_subresource()},
                     "additionalPrinterColumns": _printer_columns(),
                     "schema": {"openAPIV3Schema": openapi_schema()},
                 }

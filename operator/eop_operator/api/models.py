@@ -329,6 +329,21 @@ class DriverResources(SpecModel):
     )
 
 
+class ExecutorResources(SpecModel):
+    """CPU of each executor container; its memory follows spec.spark.executor.memory."""
+
+    requests: CpuQuantity = Field(
+        default_factory=CpuQuantity,
+        description="CPU request of each executor pod; spec.spark.executor.cores when unset. "
+        "May be a fraction of a core: the executor still runs spark.executor.cores tasks.",
+    )
+    limits: CpuQuantity = Field(
+        default_factory=CpuQuantity,
+        description="CPU limit of each executor pod; none when unset. At least the request "
+        "(requests.cpu, else spec.spark.executor.cores).",
+    )
+
+
 class DriverSpec(SpecModel):
     """Overrides for the driver pod."""
 
@@ -353,12 +368,40 @@ class DriverSpec(SpecModel):
     )
 
 
-def _driver_cpu_fits(spec: PipelineSpec) -> bool:
-    cpu = spec.driver.resources
-    if cpu.limits.cpu is None:
-        return True
-    request = cpu.requests.cpu or str(spec.spark.driver.cores)
-    return millicores(cpu.limits.cpu) >= millicores(request)
+class ExecutorPodSpec(SpecModel):
+    """Overrides for the executor pods (when spec.spark.master is k8s://...)."""
+
+    resources: ExecutorResources = Field(
+        default_factory=ExecutorResources, description="CPU request and limit of each executor."
+    )
+
+
+def _cpu_fits(side: str) -> Rule:
+    """The rule that ``spec.<side>.resources.limits.cpu`` is at least the side's CPU request.
+
+    ``side`` is ``driver`` or ``executor``: the request is ``resources.requests.cpu``, else
+    ``spec.spark.<side>.cores``.
+    """
+    res = f"self.{side}.resources"
+
+    def holds(spec: PipelineSpec) -> bool:
+        cpu = getattr(spec, side).resources
+        if cpu.limits.cpu is None:
+            return True
+        request = cpu.requests.cpu or str(getattr(spec.spark, side).cores)
+        return millicores(cpu.limits.cpu) >= millicores(request)
+
+    return Rule(
+        f"!has(self.{side}) || !has({res}) || !has({res}.limits) || !has({res}.limits.cpu) || "
+        f"(has({res}.requests) && has({res}.requests.cpu) ? "
+        f"quantity({res}.limits.cpu).compareTo(quantity({res}.requests.cpu)) >= 0 : "
+        f"quantity({res}.limits.cpu).asApproximateFloat() >= "
+        f"double(has(self.spark) && has(self.spark.{side}) ? self.spark.{side}.cores : 1))",
+        holds,
+        f"{side}.resources.limits.cpu must be at least the {side}'s CPU request "
+        f"({side}.resources.requests.cpu, else spark.{side}.cores)",
+        field_path=f".{side}.resources.limits.cpu",
+    )
 
 
 def _sink_is_not_a_source(spec: PipelineSpec) -> bool:
@@ -374,19 +417,8 @@ class PipelineSpec(SpecModel):
     """The desired state of one exactly-once pipeline."""
 
     rules = (
-        Rule(
-            "!has(self.driver) || !has(self.driver.resources) || "
-            "!has(self.driver.resources.limits) || !has(self.driver.resources.limits.cpu) || "
-            "(has(self.driver.resources.requests) && has(self.driver.resources.requests.cpu) ? "
-            "quantity(self.driver.resources.limits.cpu).compareTo("
-            "quantity(self.driver.resources.requests.cpu)) >= 0 : "
-            "quantity(self.driver.resources.limits.cpu).asApproximateFloat() >= "
-            "double(has(self.spark) && has(self.spark.driver) ? self.spark.driver.cores : 1))",
-            _driver_cpu_fits,
-            "driver.resources.limits.cpu must be at least the driver's CPU request "
-            "(driver.resources.requests.cpu, else spark.driver.cores)",
-            field_path=".driver.resources.limits.cpu",
-        ),
+        _cpu_fits("driver"),
+        _cpu_fits("executor"),
         Rule(
             f"duration(has(self.health) ? self.health.stallTimeout : '{_STALL_TIMEOUT_DEFAULT}') "
             "> duration(has(self.trigger) && has(self.trigger.processingTime) ? "
@@ -438,6 +470,10 @@ class PipelineSpec(SpecModel):
         default=None, max_length=63, description="Change to force a driver restart."
     )
     driver: DriverSpec = Field(default_factory=DriverSpec)
+    executor: ExecutorPodSpec = Field(
+        default_factory=ExecutorPodSpec,
+        description="Overrides for the executor pods (spec.spark.master k8s://...).",
+    )
     health: HealthSpec = Field(default_factory=HealthSpec)
 
     @classmethod
@@ -593,6 +629,17 @@ class PipelineStatus(BaseModel):
 
     phase: Phase | None = None
     ready: str | None = Field(default=None, description="Ready driver pods, e.g. 1/1.")
+    executors: int | None = Field(
+        default=None,
+        description="Executors the running driver was started with (spec.spark.executor."
+        "instances of its spec; 0 while no driver is Ready); unset without a k8s:// master. "
+        "The /scale subresource's status.replicas.",
+    )
+    executor_selector: str | None = Field(
+        default=None,
+        description="Label selector of the pipeline's executor pods (the /scale subresource's "
+        "status.selector, for a HorizontalPodAutoscaler on their CPU).",
+    )
     lag: int | None = Field(default=None, description="Total records not yet in the sink.")
     progress: ProgressStatus | None = Field(
         default=None, description="Lag and progress from the progress group."

@@ -13,7 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from eop_operator.api.models import Condition, ConditionStatus, Phase, PipelineStatus
+from eop_operator.api.models import (
+    Condition,
+    ConditionStatus,
+    ExactlyOncePipeline,
+    Phase,
+    PipelineStatus,
+)
 from eop_operator.reconcile.failover import classify
 from eop_operator.reconcile.observe import (
     RECOVERY_SECONDS,
@@ -22,6 +28,7 @@ from eop_operator.reconcile.observe import (
     PodObservation,
     WarningEvent,
 )
+from eop_operator.render.naming import EXECUTORS_ANNOTATION, executor_selector
 
 READY = "Ready"
 PROGRESSING = "Progressing"
@@ -37,6 +44,8 @@ class DriverObservation:
     desired: int
     ready: int
     rolled_out: bool
+    #: Executors the driver of the StatefulSet's template starts (None: none on Kubernetes).
+    executors: int | None = None
 
     @classmethod
     def from_statefulset(cls, sts: dict[str, Any]) -> DriverObservation:
@@ -46,11 +55,24 @@ class DriverObservation:
         rolled_out = status.get("observedGeneration") == generation and status.get(
             "updateRevision"
         ) in (None, status.get("currentRevision"))
+        annotations = spec.get("template", {}).get("metadata", {}).get("annotations") or {}
+        executors = annotations.get(EXECUTORS_ANNOTATION)
         return cls(
             desired=int(spec.get("replicas", 1)),
             ready=int(status.get("readyReplicas", 0)),
             rolled_out=bool(rolled_out),
+            executors=int(executors) if executors is not None else None,
         )
+
+    def running_executors(self) -> int | None:
+        """The executors of the Ready driver (0 while none is Ready); None off Kubernetes.
+
+        A driver rolled out with a new count is Ready only once it runs; until then the
+        template already holds the new count, and this says 0.
+        """
+        if self.executors is None:
+            return None
+        return self.executors if self.ready > 0 and self.rolled_out else 0
 
 
 @dataclass(frozen=True)
@@ -371,3 +393,14 @@ def status_patch(
     }
     patch.update(extra or {})
     return patch
+
+
+def scale_status(pipeline: ExactlyOncePipeline, driver: DriverObservation | None) -> dict[str, Any]:
+    """``status.executors`` and ``status.executorSelector``: what ``/scale`` reports.
+
+    Both unset (null, which a merge patch removes) without executors on Kubernetes.
+    """
+    if not pipeline.spec.spark.on_kubernetes:
+        return {"executors": None, "executorSelector": None}
+    running = driver.running_executors() if driver is not None else None
+    return {"executors": running or 0, "executorSelector": executor_selector(pipeline)}

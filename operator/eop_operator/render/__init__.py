@@ -20,9 +20,16 @@ from eop_operator.render.driver import (
     render_driver_service,
     render_driver_statefulset,
     render_pod_template,
-    secret_dir,
+)
+from eop_operator.render.executors import (
+    EXECUTOR_TEMPLATE_KEY,
+    RPC_KEY_BYTES,
+    executor_template_yaml,
+    render_executor_template,
+    render_rpc_secret,
 )
 from eop_operator.render.naming import SPEC_HASH_ANNOTATION
+from eop_operator.render.pods import secret_dir
 from eop_operator.render.ports import driver_ports
 from eop_operator.render.rbac import DEFAULT_DRIVER_ROLE, DriverRole, render_driver_rbac
 from eop_operator.render.storage import render_checkpoint_claim, render_config_map
@@ -40,6 +47,9 @@ class RenderedPipeline:
     run_config: RunConfig
     spec_hash: str
     objects: list[dict[str, Any]] = field(default_factory=list)
+    #: Whether the pipeline's RPC key Secret must exist (executors on Kubernetes): the
+    #: operator creates it once (:func:`rpc_secret`), never applies it again.
+    needs_rpc_secret: bool = False
 
 
 def checkpoint_root(pipeline: ExactlyOncePipeline) -> str:
@@ -93,7 +103,12 @@ def render_pipeline(
         extra_spark_conf=driver_spark_conf(pipeline, image, ports),
         reset_progress=reset_progress,
     )
-    config_map = render_config_map(pipeline, run_config)
+    files: dict[str, str] = {}
+    if pipeline.spec.spark.on_kubernetes:
+        files[EXECUTOR_TEMPLATE_KEY] = executor_template_yaml(
+            render_executor_template(pipeline, image)
+        )
+    config_map = render_config_map(pipeline, run_config, files)
     template = render_pod_template(pipeline, image, generation, ports)
     digest = spec_hash(config_map["data"], template)
     # For a new generation's guards (eop_spark.generations): what the operator saw G hold
@@ -108,7 +123,7 @@ def render_pipeline(
         guards["generation_reason"] = status.upgrade.reason
     if guards:
         run_config = run_config.model_copy(update=guards)
-        config_map = render_config_map(pipeline, run_config)
+        config_map = render_config_map(pipeline, run_config, files)
     template["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = digest
     claim = render_checkpoint_claim(pipeline)
     objects = [config_map, *([claim] if claim else []), *render_driver_rbac(pipeline, driver_role)]
@@ -116,4 +131,20 @@ def render_pipeline(
         render_driver_service(pipeline, ports),
         render_driver_statefulset(pipeline, template),
     ]
-    return RenderedPipeline(run_config=run_config, spec_hash=digest, objects=objects)
+    return RenderedPipeline(
+        run_config=run_config,
+        spec_hash=digest,
+        objects=objects,
+        needs_rpc_secret=pipeline.spec.spark.on_kubernetes,
+    )
+
+
+def rpc_secret(pipeline: ExactlyOncePipeline, key: bytes) -> dict[str, Any]:
+    """The RPC key Secret of a pipeline with executors on Kubernetes, holding ``key``.
+
+    ``key`` must be random (:data:`RPC_KEY_BYTES` of ``secrets.token_bytes``): the caller
+    draws it, so rendering stays a pure function.
+    """
+    if len(key) < RPC_KEY_BYTES:
+        raise ValueError(f"an RPC key needs at least {RPC_KEY_BYTES} bytes")
+    return render_rpc_secret(pipeline, key)

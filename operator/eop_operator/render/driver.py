@@ -7,15 +7,17 @@ and it keeps the driver up while the operator itself is down.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from eop_operator.api.models import (
-    CHECKPOINT_SECRET_KEYS,
-    CHECKPOINT_SECRET_OPTIONAL_KEYS,
-    ExactlyOncePipeline,
+from eop_operator.api.models import ExactlyOncePipeline
+from eop_operator.render.executors import (
+    EXECUTOR_TEMPLATE_KEY,
+    executor_spark_conf,
+    pod_ip_env,
+    rpc_secret_volume,
 )
 from eop_operator.render.naming import (
+    EXECUTORS_ANNOTATION,
     GENERATION_ANNOTATION,
     RESTART_NONCE_ANNOTATION,
     checkpoint_claim_name,
@@ -23,7 +25,18 @@ from eop_operator.render.naming import (
     common_labels,
     config_map_name,
     driver_name,
+    driver_pod_name,
     selector_labels,
+)
+from eop_operator.render.pods import (
+    checkpoint_credentials_env,
+    container_resources,
+    container_security_context,
+    kafka_secret_volumes,
+    memory_overhead_mib,
+    node_placement,
+    pod_security_context,
+    spark_memory_mib,
 )
 from eop_operator.render.ports import (
     DriverPorts,
@@ -31,33 +44,20 @@ from eop_operator.render.ports import (
     driver_ports,
     preferred_host_port,
 )
-from eop_operator.render.rbac import driver_service_account_name
 from eop_spark.config import CONFIG_FILE_NAME
 from eop_spark.session import SCRATCH_ENV
 from eop_spark.spec import duration_ms
 
 CONFIG_DIR = "/etc/eop"
 CHECKPOINT_MOUNT = "/var/lib/eop/checkpoint"
-SECRETS_DIR = "/etc/eop/secrets"
-#: Non-root user of the application image (see Dockerfile).
-APP_UID = 1000
 #: Slack on top of one trigger interval plus the transaction timeout.
 GRACE_SLACK_SECONDS = 30
-
-_SPARK_MEMORY_MIB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
-
-
-def _memory_mib(spark_memory: str) -> int:
-    match = re.fullmatch(r"([0-9]+)([kmgt])", spark_memory)
-    if match is None:
-        raise ValueError(f"invalid Spark memory {spark_memory!r}")
-    return max(1, int(int(match.group(1)) * _SPARK_MEMORY_MIB[match.group(2)]))
 
 
 def driver_container_memory_mib(pipeline: ExactlyOncePipeline) -> int:
     """Heap plus Spark's default overhead (10 %, at least 384 MiB)."""
-    heap = _memory_mib(pipeline.spec.spark.driver.memory)
-    return heap + max(384, heap // 10)
+    heap = spark_memory_mib(pipeline.spec.spark.driver.memory)
+    return heap + memory_overhead_mib(heap)
 
 
 def termination_grace_seconds(pipeline: ExactlyOncePipeline) -> int:
@@ -65,11 +65,6 @@ def termination_grace_seconds(pipeline: ExactlyOncePipeline) -> int:
     interval_ms = pipeline.spec.trigger.interval_ms()
     timeout_ms = duration_ms(pipeline.spec.sink.kafka.transaction_timeout)
     return (interval_ms + timeout_ms) // 1000 + GRACE_SLACK_SECONDS
-
-
-def secret_dir(side: str) -> str:
-    """Where the Secret of the source or sink is mounted in the driver."""
-    return f"{SECRETS_DIR}/{side}"
 
 
 def default_driver_ports(pipeline: ExactlyOncePipeline) -> DriverPorts:
@@ -91,93 +86,27 @@ def driver_spark_conf(
         conf["spark.ui.port"] = str(ports.ui)
     if not pipeline.spec.spark.on_kubernetes:
         return conf
-    namespace = pipeline.metadata.namespace
-    name = driver_name(pipeline)
     executor = pipeline.spec.spark.executor
     return (
         conf
-        | executor_credentials_conf(pipeline)
         | {
-            "spark.kubernetes.namespace": namespace,
+            "spark.kubernetes.namespace": pipeline.metadata.namespace,
             "spark.kubernetes.container.image": image,
-            "spark.kubernetes.driver.pod.name": f"{name}-0",
-            "spark.kubernetes.executor.podNamePrefix": name,
-            "spark.driver.host": f"{name}-0.{name}.{namespace}.svc",
+            # Spark makes the driver pod its executors' owner: they go with it.
+            "spark.kubernetes.driver.pod.name": driver_pod_name(pipeline),
+            # spark.driver.host: the pod's IP (render.executors.pod_ip_env), not the headless
+            # Service's name, which needs cluster DNS.
             "spark.driver.port": str(ports.driver_rpc),
             "spark.driver.blockManager.port": str(ports.block_manager),
+            # Executors' too: on the node's network a fixed port is a host port, and two
+            # executors on one node could not both hold it.
+            "spark.blockManager.port": str(ports.block_manager),
             "spark.executor.instances": str(executor.instances),
             "spark.executor.cores": str(executor.cores),
             "spark.executor.memory": executor.memory,
         }
+        | executor_spark_conf(pipeline, f"{CONFIG_DIR}/{EXECUTOR_TEMPLATE_KEY}")
     )
-
-
-def checkpoint_credentials_env(pipeline: ExactlyOncePipeline) -> list[dict[str, Any]]:
-    """The object store's credentials as environment variables from ``checkpoint.secretRef``.
-
-    References only: the kubelet reads the Secret; its values never pass through the
-    operator, the ConfigMap or Spark's configuration. S3A's default credential chain reads
-    these variables.
-    """
-    ref = pipeline.spec.checkpoint.secret_ref
-    if ref is None:
-        return []
-    keys = [(k, False) for k in CHECKPOINT_SECRET_KEYS]
-    keys += [(k, True) for k in CHECKPOINT_SECRET_OPTIONAL_KEYS]
-    env = []
-    for key, optional in keys:
-        selector: dict[str, Any] = {"name": ref.name, "key": key}
-        if optional:
-            selector["optional"] = True
-        env.append({"name": key, "valueFrom": {"secretKeyRef": selector}})
-    return env
-
-
-def executor_credentials_conf(pipeline: ExactlyOncePipeline) -> dict[str, str]:
-    """Spark settings that give executor pods the same variables (Secret references)."""
-    ref = pipeline.spec.checkpoint.secret_ref
-    if ref is None:
-        return {}
-    # Spark's secretKeyRef has no optional form: the required keys only.
-    return {
-        f"spark.kubernetes.executor.secretKeyRef.{key}": f"{ref.name}:{key}"
-        for key in CHECKPOINT_SECRET_KEYS
-    }
-
-
-#: The container security context of every pod the operator renders.
-CONTAINER_SECURITY: dict[str, Any] = {
-    "runAsNonRoot": True,
-    "allowPrivilegeEscalation": False,
-    "readOnlyRootFilesystem": True,
-    "capabilities": {"drop": ["ALL"]},
-}
-#: The pod security context of every pod the operator renders.
-POD_SECURITY: dict[str, Any] = {
-    "runAsNonRoot": True,
-    "runAsUser": APP_UID,
-    "runAsGroup": APP_UID,
-    "fsGroup": APP_UID,
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
-
-
-def node_placement(pipeline: ExactlyOncePipeline) -> dict[str, Any]:
-    """Pod spec fields that place a pipeline's pods: host network, node selector, tolerations,
-    and the ServiceAccount (the driver's, or the pipeline's own)."""
-    driver = pipeline.spec.driver
-    spec: dict[str, Any] = {}
-    service_account = driver_service_account_name(pipeline)
-    if service_account:
-        spec["serviceAccountName"] = service_account
-    if driver.host_network:
-        spec["hostNetwork"] = True
-        spec["dnsPolicy"] = "ClusterFirstWithHostNet"
-    if driver.node_selector:
-        spec["nodeSelector"] = dict(driver.node_selector)
-    if driver.tolerations:
-        spec["tolerations"] = list(driver.tolerations)
-    return spec
 
 
 def _volumes(pipeline: ExactlyOncePipeline) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -197,37 +126,27 @@ def _volumes(pipeline: ExactlyOncePipeline) -> tuple[list[dict[str, Any]], list[
             }
         )
         mounts.append({"name": "checkpoint", "mountPath": CHECKPOINT_MOUNT})
-    for side, ref in (
-        ("source", pipeline.spec.source.kafka.secret_ref),
-        ("sink", pipeline.spec.sink.kafka.secret_ref),
-    ):
-        if ref is not None:
-            # Only the referenced Secret, read-only, readable by the app user alone.
-            volumes.append(
-                {"name": f"{side}-secret", "secret": {"secretName": ref.name, "defaultMode": 0o400}}
-            )
-            mounts.append(
-                {"name": f"{side}-secret", "mountPath": secret_dir(side), "readOnly": True}
-            )
+    kafka_volumes, kafka_mounts = kafka_secret_volumes(pipeline)
+    volumes += kafka_volumes
+    mounts += kafka_mounts
+    if pipeline.spec.spark.on_kubernetes:
+        rpc_volume, rpc_mount = rpc_secret_volume(pipeline)
+        volumes.append(rpc_volume)
+        mounts.append(rpc_mount)
     volumes.extend(pipeline.spec.driver.volumes)
     mounts.extend(pipeline.spec.driver.volume_mounts)
     return volumes, mounts
 
 
 def driver_resources(pipeline: ExactlyOncePipeline) -> dict[str, dict[str, str]]:
-    """Requests and limits of the driver container.
-
-    CPU: ``spec.driver.resources`` when set, else ``spark.driver.cores`` (an integer for
-    Spark; the pod may ask for less, e.g. ``500m`` for a light query on a small node).
-    Memory: the heap plus Spark's overhead, as request and limit.
-    """
-    memory = f"{driver_container_memory_mib(pipeline)}Mi"
+    """Requests and limits of the driver container (``spec.driver.resources``)."""
     cpu = pipeline.spec.driver.resources
-    requests = {"cpu": cpu.requests.cpu or str(pipeline.spec.spark.driver.cores), "memory": memory}
-    limits = {"memory": memory}
-    if cpu.limits.cpu:
-        limits["cpu"] = cpu.limits.cpu
-    return {"requests": requests, "limits": limits}
+    return container_resources(
+        cpu_request=cpu.requests.cpu,
+        cpu_limit=cpu.limits.cpu,
+        cores=pipeline.spec.spark.driver.cores,
+        memory_mib=driver_container_memory_mib(pipeline),
+    )
 
 
 def _metrics_host_env(ports: DriverPorts) -> dict[str, Any]:
@@ -263,13 +182,16 @@ def _container(pipeline: ExactlyOncePipeline, image: str, ports: DriverPorts) ->
             {"name": "HOME", "value": "/tmp"},
             _metrics_host_env(ports),
             *checkpoint_credentials_env(pipeline),
+            # Executors reach the driver at its pod IP: no cluster DNS needed, and reachable
+            # before the driver is Ready.
+            *(pod_ip_env() if pipeline.spec.spark.on_kubernetes else []),
             *pipeline.spec.driver.env,
         ],
         "ports": container_ports,
         "resources": driver_resources(pipeline),
         "volumeMounts": mounts,
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": dict(CONTAINER_SECURITY),
+        "securityContext": container_security_context(),
     }
 
 
@@ -281,13 +203,15 @@ def render_pod_template(
     volumes, _ = _volumes(pipeline)
     driver = pipeline.spec.driver
     annotations = {**driver.annotations, GENERATION_ANNOTATION: str(generation)}
+    if pipeline.spec.spark.on_kubernetes:
+        annotations[EXECUTORS_ANNOTATION] = str(pipeline.spec.spark.executor.instances)
     if pipeline.spec.restart_nonce:
         annotations[RESTART_NONCE_ANNOTATION] = pipeline.spec.restart_nonce
     pod_spec: dict[str, Any] = {
         "containers": [_container(pipeline, image, ports)],
         "volumes": volumes,
         "terminationGracePeriodSeconds": termination_grace_seconds(pipeline),
-        "securityContext": dict(POD_SECURITY),
+        "securityContext": pod_security_context(),
         "enableServiceLinks": False,
     }
     placement = node_placement(pipeline)

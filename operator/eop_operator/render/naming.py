@@ -14,6 +14,8 @@ ANNOTATION_PREFIX = "exactlyonce.io"
 SPEC_HASH_ANNOTATION = f"{ANNOTATION_PREFIX}/spec-hash"
 RESTART_NONCE_ANNOTATION = f"{ANNOTATION_PREFIX}/restart-nonce"
 GENERATION_ANNOTATION = f"{ANNOTATION_PREFIX}/checkpoint-generation"
+#: On a driver pod template: the executors its driver starts (executors on Kubernetes).
+EXECUTORS_ANNOTATION = f"{ANNOTATION_PREFIX}/executors"
 MANAGED_BY = "eop-operator"
 
 
@@ -40,6 +42,30 @@ def driver_name(pipeline: ExactlyOncePipeline) -> str:
 def driver_pod_name(pipeline: ExactlyOncePipeline) -> str:
     """The one driver pod of the StatefulSet."""
     return f"{driver_name(pipeline)}-0"
+
+
+def rpc_secret_name(pipeline: ExactlyOncePipeline) -> str:
+    """The Secret holding the key of the pipeline's Spark RPC (executors on Kubernetes)."""
+    return f"{pipeline.metadata.name}-spark-rpc"
+
+
+def executor_labels(pipeline: ExactlyOncePipeline) -> dict[str, str]:
+    """Labels of the executor pods (Spark adds its own).
+
+    Not the driver's selector labels: the StatefulSet, the Service and the operator's
+    look at the driver select by those, and must never see an executor.
+    """
+    return {
+        "app.kubernetes.io/name": "eop-executor",
+        "app.kubernetes.io/instance": pipeline.metadata.name,
+        "app.kubernetes.io/component": "executor",
+        PIPELINE_LABEL: pipeline.metadata.name,
+    }
+
+
+def executor_selector(pipeline: ExactlyOncePipeline) -> str:
+    """The label selector of the pipeline's executor pods, as a string (``status``, kubectl)."""
+    return ",".join(f"{key}={value}" for key, value in executor_labels(pipeline).items())
 
 
 def selector_labels(pipeline: ExactlyOncePipeline) -> dict[str, str]:

@@ -5,12 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from eop_operator.api.models import ExactlyOncePipeline, Retention
-from eop_operator.render.driver import (
-    CONTAINER_SECURITY,
-    POD_SECURITY,
-    checkpoint_credentials_env,
-    node_placement,
-)
 from eop_operator.render.naming import (
     checkpoint_claim_name,
     checkpoint_deletion_job_name,
@@ -18,18 +12,32 @@ from eop_operator.render.naming import (
     common_labels,
     config_map_name,
 )
+from eop_operator.render.pods import (
+    checkpoint_credentials_env,
+    container_security_context,
+    node_placement,
+    pod_security_context,
+)
 from eop_spark.config import CONFIG_FILE_NAME, RunConfig
 from eop_spark.session import SCRATCH_ENV
 
 
-def render_config_map(pipeline: ExactlyOncePipeline, run_config: RunConfig) -> dict[str, Any]:
-    """The ConfigMap the driver reads its run configuration from (no secret values in it)."""
+def render_config_map(
+    pipeline: ExactlyOncePipeline, run_config: RunConfig, files: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The ConfigMap the driver reads its run configuration from (no secret values in it).
+
+    ``files``: more of what the driver reads, by file name (the executor pod template).
+    """
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": child_metadata(pipeline, config_map_name(pipeline), "config"),
         "data": {
-            CONFIG_FILE_NAME: run_config.model_dump_json(by_alias=True, exclude_none=True, indent=2)
+            CONFIG_FILE_NAME: run_config.model_dump_json(
+                by_alias=True, exclude_none=True, indent=2
+            ),
+            **(files or {}),
         },
     }
 
@@ -101,13 +109,13 @@ def render_checkpoint_deletion_job(
         },
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": dict(CONTAINER_SECURITY),
+        "securityContext": container_security_context(),
     }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {}}],
-        "securityContext": dict(POD_SECURITY),
+        "securityContext": pod_security_context(),
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         **node_placement(pipeline),

@@ -54,6 +54,7 @@ import org.apache.kafka.common.header.Header;
 import org.apache.kafka.common.header.internals.RecordHeader;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
+import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
 import org.apache.spark.api.java.function.FlatMapFunction;
 import org.apache.spark.sql.Dataset;
@@ -608,6 +609,10 @@ public final class PartitionedWriter {
         producer.close(Duration.ZERO);
         throw failure(e, "taking transactional id " + id + " over");
       }
+      // Where each id's producer lives: the driver in local mode, else an executor.
+      SparkEnv env = SparkEnv.get();
+      String executor = env == null ? "?" : env.executorId();
+      LOG.info("{}: transactional producer in executor {}", id, executor);
       slot.held = new Held(producer);
     }
     return slot.held;
