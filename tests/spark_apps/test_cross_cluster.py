@@ -126,6 +126,8 @@ def test_progress_topics_grow_with_the_source_while_running(
 
     expected = [f"a{i}" for i in range(40)] + [f"{k}{i}" for k in "bc" for i in range(10)]
     assert_exactly_once(pipeline.output(), expected)
+    view = committed_offsets(pipeline.broker, pipeline.group, list(both))
+    assert view == both  # the lag view on the source cluster followed
     metadata = AdminClient(other_cluster_broker.client_config()).list_topics(timeout=30).topics
     assert len(metadata[f"{pipeline.group}.progress.{first}"].partitions) == 3
     assert len(metadata[f"{pipeline.group}.progress.{second}"].partitions) == 2
