@@ -28,6 +28,13 @@ from tests.spark_apps.harness import (
 )
 
 
+def seeded() -> random.Random:
+    """A random generator for a scenario's kills, its seed printed (pytest shows it on failure)."""
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    return random.Random(seed)
+
+
 def _source(pipeline: Pipeline, per_batch: int) -> dict[str, Any]:
     return {
         "kafka": {

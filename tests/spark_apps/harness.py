@@ -342,18 +342,20 @@ class Pipeline:
         Read on the sink's cluster; when that is another cluster, under the
         progress topics ``<G>.progress.<topic>`` (docs/exactly-once.md).
         """
-        partitions = [
-            (t, p) for topic in topics or (self.source_topic,) for t, p in self.end_offsets(topic)
-        ]
+        partitions = self._partitions(topics)
         if self.sink_broker is None:
             return committed_offsets(self.broker, self.group, partitions)
         stored = {(f"{self.group}.progress.{t}", p): (t, p) for t, p in partitions}
         found = committed_offsets(self.sink_broker, self.group, list(stored))
         return {stored[tp]: offset for tp, offset in found.items()}
 
-    def lag_view(self) -> Offsets:
-        """G's offsets on the source's cluster, under the source names (what lag tools read)."""
-        return committed_offsets(self.broker, self.group, list(self.end_offsets()))
+    def lag_view(self, *topics: str) -> Offsets:
+        """G's offsets on the source's cluster for ``topics`` (the source topic): the lag view."""
+        return committed_offsets(self.broker, self.group, self._partitions(topics))
+
+    def _partitions(self, topics: tuple[str, ...]) -> list[tuple[str, int]]:
+        """The partitions of ``topics`` (the source topic when none) on the source's cluster."""
+        return [tp for topic in topics or (self.source_topic,) for tp in self.end_offsets(topic)]
 
     def end_offsets(self, topic: str | None = None) -> Offsets:
         """The source topic's end offsets (high watermarks)."""

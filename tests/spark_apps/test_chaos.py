@@ -9,8 +9,6 @@ every input's output exactly once, and G must equal the source end offsets
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from tests.spark_apps import chaos
@@ -25,16 +23,12 @@ PER_BATCH = 5_000
 
 
 def test_partitioned_filter_survives_kill_9(make_pipeline: PipelineFactory) -> None:
-    seed = random.randrange(1 << 30)
-    print(f"seed {seed}")  # shown with a failure
     chaos.partitioned_filter(
-        make_pipeline(), random.Random(seed), records=RECORDS, kills=KILLS, per_batch=PER_BATCH
+        make_pipeline(), chaos.seeded(), records=RECORDS, kills=KILLS, per_batch=PER_BATCH
     )
 
 
 def test_coordinated_window_counts_survive_kill_9(make_pipeline: PipelineFactory) -> None:
-    seed = random.randrange(1 << 30)
-    print(f"seed {seed}")  # shown with a failure
     chaos.window_counts(
-        make_pipeline(), random.Random(seed), records=RECORDS, kills=KILLS, per_batch=PER_BATCH
+        make_pipeline(), chaos.seeded(), records=RECORDS, kills=KILLS, per_batch=PER_BATCH
     )
