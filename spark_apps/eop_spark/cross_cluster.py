@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 ADMIN_TIMEOUT_S = 30.0
 #: The settings of a progress topic that eop creates (it never holds a record).
 TOPIC_CONFIG = {"cleanup.policy": "compact"}
+#: How often the lag view commits what completed batches published (at most).
+FLUSH_INTERVAL_S = 1.0
 
 
 class ProgressTopics:
@@ -230,9 +232,9 @@ class LagView:
 
     Lag tools pointed at the source cluster read it; nothing reads it back as
     progress (the progress is ``G`` on the sink cluster).  :meth:`publish`
-    only notes the offsets (it is called where batches complete);
-    :meth:`flush` commits them, off the batch path.  A failed commit is
-    logged and tried again at the next flush: the view never stops a pipeline.
+    only notes the offsets (it is called where batches complete); a thread of
+    its own commits them every :data:`FLUSH_INTERVAL_S`, off the batch path.
+    A failed commit is logged and tried again: the view never stops a pipeline.
     """
 
     def __init__(self, group: str, client_config: Mapping[str, Any]) -> None:
@@ -243,15 +245,25 @@ class LagView:
         self._lock = threading.Lock()
         self._pending: Offsets | None = None
         self._failed: str | None = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="eop-lag-view", daemon=True)
+
+    def start(self) -> None:
+        """Start committing what is published."""
+        self._thread.start()
 
     def publish(self, offsets: Mapping[TopicPartition, int]) -> None:
-        """Note ``offsets`` for the next :meth:`flush` (the latest ones win)."""
+        """Note ``offsets`` for the next commit (the latest ones win)."""
         if offsets:
             with self._lock:
                 self._pending = {**(self._pending or {}), **offsets}
 
+    def _run(self) -> None:
+        while not self._stopped.wait(FLUSH_INTERVAL_S):
+            self.flush()
+
     def flush(self) -> None:
-        """Commit what :meth:`publish` noted since the last flush, if anything."""
+        """Commit what :meth:`publish` noted since the last commit, if anything."""
         with self._lock:
             offsets, self._pending = self._pending, None
         if not offsets:
@@ -270,11 +282,14 @@ class LagView:
                     message,
                 )
             self._failed = message
-            with self._lock:  # tried again at the next flush, unless newer offsets came
+            with self._lock:  # tried again next time, unless newer offsets came
                 self._pending = {**offsets, **(self._pending or {})}
 
     def close(self) -> None:
-        """Commit what is pending and release the client."""
+        """Stop the thread, commit what is pending, release the client."""
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
         self.flush()
         if self._committer is not None:
             self._committer.close()

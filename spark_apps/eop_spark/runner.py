@@ -293,6 +293,7 @@ class PipelineRun:
             self.progress_topics = ProgressTopics(names, sink_conf, config.sink.kafka.topic)
             self.progress_topics.cover(partitions)
             self.lag_view = LagView(names.group, source_conf)
+            self.lag_view.start()
             log.info(
                 "source and sink are different Kafka clusters: %s; its lag view is group %s "
                 "on the source cluster",
@@ -443,7 +444,7 @@ class PipelineRun:
         return started[0], gate
 
     def _publish_lag(self, result: BatchResult) -> None:
-        """Note a completed batch's end offsets for the lag view (the supervisor commits them)."""
+        """Note a completed batch's end offsets for the lag view (its thread commits them)."""
         if self.lag_view is not None:
             self.lag_view.publish(result.offsets)
 
@@ -508,8 +509,6 @@ class PipelineRun:
                 error = exc
                 break
             self.emit(gate, progress, final=False)
-            if self.lag_view is not None:
-                self.lag_view.flush()
         self.emit(gate, progress, final=True)
         if isinstance(gate.sink, CoordinatedSink):
             gate.sink.close()
