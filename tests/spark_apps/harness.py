@@ -33,6 +33,7 @@ from confluent_kafka import (
 )
 
 from devenv.kafka import KafkaBroker
+from eop_spark.progress import retriable
 from eop_spark.session import SCRATCH_ENV
 
 REPO = Path(__file__).resolve().parents[2]
@@ -381,13 +382,18 @@ def committed_offsets(
             broker, group_id=group, isolation_level="read_committed", enable_auto_commit=False
         )
     )
+    wanted = [TopicPartition(t, p) for t, p in partitions]
+    deadline = time.monotonic() + 60
     try:
-        wanted = [TopicPartition(t, p) for t, p in partitions]
-        return {
-            (tp.topic, tp.partition): tp.offset
-            for tp in consumer.committed(wanted, timeout=60)
-            if tp.offset >= 0
-        }
+        while True:
+            try:
+                found = consumer.committed(wanted, timeout=60)
+                return {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0}
+            except KafkaException as exc:
+                # A fresh broker's group coordinator may still be loading or moving.
+                if not retriable(exc.args[0]) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     finally:
         consumer.close()
 
