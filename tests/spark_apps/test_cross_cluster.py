@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from devenv.kafka import KafkaBroker
+from devenv.kafka import CONSUMER_GROUPS_TOOL, KafkaBroker
+from eop_spark.errors import EXIT_PROGRESS_MISSING
 from tests.plugins.kafka import consumer_groups_describe
 from tests.spark_apps import chaos
 from tests.spark_apps.conftest import PipelineFactory
@@ -83,6 +84,35 @@ def test_coordinated_window_counts_across_clusters_survive_kill_9(
 
     assert_nothing_under_the_source_name(pipeline)
     assert pipeline.lag_view() == pipeline.end_offsets()
+
+
+def test_progress_lost_on_the_sink_cluster_stops_a_new_generation(
+    make_pipeline: PipelineFactory, other_cluster_broker: KafkaBroker
+) -> None:
+    """Invariant 7 across clusters: G's offset deleted from its progress topic -> exit 5."""
+    pipeline = make_pipeline(
+        source_partitions=2, sink_partitions=1, sink_broker=other_cluster_broker
+    )
+    produce(pipeline.broker, pipeline.source_topic, ((f"k{i}", "v", i % 2) for i in range(60)))
+    config = pipeline.config(trigger={"availableNow": True})
+    first = pipeline.start(config, generation=0)
+    assert first.wait(240) == 0, first.tail()
+    assert pipeline.caught_up()
+
+    progress_topic = f"{pipeline.group}.progress.{pipeline.source_topic}"
+    other_cluster_broker.run_tool(
+        CONSUMER_GROUPS_TOOL,
+        *("--bootstrap-server", other_cluster_broker.bootstrap_servers, "--delete-offsets"),
+        *("--group", pipeline.group, "--topic", f"{progress_topic}:1"),
+        check=True,
+    )
+    refused = pipeline.start(config, generation=1)
+
+    assert refused.wait(240) == EXIT_PROGRESS_MISSING, refused.tail()
+    (line,) = [x for x in refused.stderr.splitlines() if x.startswith("eop: error:")]
+    assert f"has no committed offset for {pipeline.source_topic}-1, which gen-0" in line
+    assert f"under progress topics {pipeline.group}.progress.<source topic>" in line
+    assert_exactly_once(pipeline.output(), (f"k{i}" for i in range(60)))
 
 
 @pytest.mark.parametrize("tasks", ["jvm", "python"])
