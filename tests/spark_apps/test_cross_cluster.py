@@ -6,8 +6,10 @@ partition: G must keep its offsets under its progress topics there, never under 
 topic. The chaos scenarios of ``test_chaos.py`` run across the two clusters (the
 partitioned one with a new checkpoint generation every second runner, as after a lost
 checkpoint); then G, read on the sink cluster, equals the source end offsets, and so does
-the lag view the broker's own ``kafka-consumer-groups`` shows on the source cluster.
-A sink login that may not create the progress topics stops the runner with one line.
+the lag view the broker's own ``kafka-consumer-groups`` shows on the source cluster
+(those two are ``slow``). The progress topics follow partitions and topics added while a
+pipeline runs; an offset lost from one stops a new generation (exit 5); a sink login that
+may not create them stops the runner with one line.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from tests.spark_apps.conftest import PipelineFactory
 from tests.spark_apps.harness import Pipeline, assert_exactly_once, committed_offsets, produce
 from tests.spark_apps.test_sasl import secret
 
-pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 RECORDS = 40_000
 KILLS = 4
@@ -54,6 +56,7 @@ def assert_lag_view_on_source(pipeline: Pipeline) -> None:
     assert all(row["lag"] == 0 for row in described.values())
 
 
+@pytest.mark.slow
 def test_partitioned_filter_across_clusters_survives_kill_9_and_lost_checkpoints(
     make_pipeline: PipelineFactory, other_cluster_broker: KafkaBroker
 ) -> None:
@@ -75,6 +78,7 @@ def test_partitioned_filter_across_clusters_survives_kill_9_and_lost_checkpoints
     assert_lag_view_on_source(pipeline)
 
 
+@pytest.mark.slow
 def test_coordinated_window_counts_across_clusters_survive_kill_9(
     make_pipeline: PipelineFactory, other_cluster_broker: KafkaBroker
 ) -> None:
