@@ -28,7 +28,12 @@ from devenv.kafka import KafkaBroker
 from devenv.kube import ControlPlane
 from tests.integration.operators import OperatorProcess, install_chart
 from tests.integration.test_operator_on_apiserver import _apply, _events, get, wait_for
-from tests.plugins.kafka import SHORT_RETENTION_S, TopicFactory, consumer_groups_describe
+from tests.plugins.kafka import (
+    SHORT_RETENTION_S,
+    TopicFactory,
+    consumer_groups_describe,
+    until_coordinator_ready,
+)
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
@@ -99,25 +104,12 @@ def produce(broker: KafkaBroker, topic: str, per_partition: dict[int, int]) -> N
 
 def commit(broker: KafkaBroker, group: str, topic: str, offsets: dict[int, int]) -> None:
     """Commit offsets for ``group`` as the sink would (no consumer joins the group)."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
-
-    from eop_spark.progress import retriable
+    from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(broker.client_config({"group.id": group, "enable.auto.commit": False}))
-    deadline = time.monotonic() + 60
+    positions = [TopicPartition(topic, p, o) for p, o in offsets.items()]
     try:
-        while True:
-            try:
-                consumer.commit(
-                    offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()],
-                    asynchronous=False,
-                )
-                return
-            except KafkaException as exc:
-                # A fresh broker's group coordinator may still be loading or moving.
-                if not retriable(exc.args[0]) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        until_coordinator_ready(lambda: consumer.commit(offsets=positions, asynchronous=False))
     finally:
         consumer.close()
 

@@ -33,8 +33,8 @@ from confluent_kafka import (
 )
 
 from devenv.kafka import KafkaBroker
-from eop_spark.progress import retriable
 from eop_spark.session import SCRATCH_ENV
+from tests.plugins.kafka import until_coordinator_ready
 
 REPO = Path(__file__).resolve().parents[2]
 SPARK_APPS = REPO / "spark_apps"
@@ -383,17 +383,9 @@ def committed_offsets(
         )
     )
     wanted = [TopicPartition(t, p) for t, p in partitions]
-    deadline = time.monotonic() + 60
     try:
-        while True:
-            try:
-                found = consumer.committed(wanted, timeout=60)
-                return {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0}
-            except KafkaException as exc:
-                # A fresh broker's group coordinator may still be loading or moving.
-                if not retriable(exc.args[0]) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        found = until_coordinator_ready(lambda: consumer.committed(wanted, timeout=60))
+        return {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0}
     finally:
         consumer.close()
 
