@@ -83,6 +83,8 @@ from eop_spark.client_config import (  # noqa: E402
     spark_source_options,
 )
 from eop_spark.config import RunConfig  # noqa: E402
+from eop_spark.progress import ProgressGroup  # noqa: E402
+from eop_spark.progress_names import ProgressNames  # noqa: E402
 from eop_spark.runner import PipelineRun  # noqa: E402
 from eop_spark.session import build_session  # noqa: E402
 from tests.spark_apps.harness import Pipeline, end_offsets, read_committed  # noqa: E402
@@ -255,8 +257,12 @@ def timed_eop(spark: Any, config: RunConfig) -> Timing:
     topic = (config.source.kafka.topics or [""])[0]
     run = PipelineRun(config, threading.Event())
     started = time.monotonic()
+    sink_conf = sink_client_config(config)
+    # Source and sink are the one test broker: G under the source names, as a runner's
+    # preflight (which the benchmark skips) finds from the two cluster ids.
+    progress = ProgressGroup(ProgressNames(config.progress_group), sink_conf)
     query, gate = run.start_query(
-        spark, [(topic, p) for p in range(PARTITIONS)], sink_client_config(config)
+        spark, [(topic, p) for p in range(PARTITIONS)], sink_conf, progress=progress
     )
     query.awaitTermination()
     elapsed = time.monotonic() - started

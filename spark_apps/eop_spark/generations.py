@@ -34,6 +34,7 @@ from eop_spark.errors import CheckpointLost, ConfigError, ProgressMissing, State
 from eop_spark.offsets import Offsets, TopicPartition, to_spark_json
 from eop_spark.offsets_log import CheckpointFormatError, FileReader, OffsetsLog, is_local
 from eop_spark.plan import plan_nodes
+from eop_spark.progress_names import ProgressNames
 
 _GENERATION = re.compile(r"^gen-(\d+)$")
 #: Logical operators that keep state across micro-batches in a streaming query.
@@ -120,6 +121,7 @@ def check_progress_kept(
     earlier: EarlierProgress,
     committed: Mapping[TopicPartition, int],
     partitions: Iterable[TopicPartition],
+    names: ProgressNames | None = None,
 ) -> list[TopicPartition]:
     """Raise :class:`ProgressMissing` unless G holds every partition it held before.
 
@@ -127,7 +129,8 @@ def check_progress_kept(
     partition, or the operator saw ``G`` hold it (``config.committed_partitions``:
     the only record left when the checkpoint root was lost).  Returns the
     missing partitions (empty when nothing is missing, or when the spec opts in
-    to start them at ``startingOffsets``).
+    to start them at ``startingOffsets``).  ``names``: where ``G`` keeps its
+    offsets (named in the message).
     """
     current = set(partitions)
     missing = {
@@ -140,7 +143,8 @@ def check_progress_kept(
     lost = sorted([*missing, *only_seen])
     if not lost or config.source.kafka.allow_missing_progress:
         return lost
-    names = ", ".join(f"{t}-{p}" for t, p in lost)
+    lost_names = ", ".join(f"{t}-{p}" for t, p in lost)
+    where = (names or ProgressNames(config.progress_group)).where()
     sources = []
     if missing:
         generations = ", ".join(
@@ -151,8 +155,8 @@ def check_progress_kept(
         sources.append("the operator saw it hold before (status.progress.heldPartitions)")
     restore = f"; earlier generations had read to {to_spark_json(missing)}" if missing else ""
     raise ProgressMissing(
-        f"{_generation(config)}: progress group {config.progress_group} "
-        f"has no committed offset for {names}, which {' and '.join(sources)} (expired "
+        f"{_generation(config)}: {where} "
+        f"has no committed offset for {lost_names}, which {' and '.join(sources)} (expired "
         "after the broker's offsets.retention.minutes, or deleted); starting at startingOffsets "
         "would repeat or skip output. Restore the offsets (kafka-consumer-groups --reset-offsets "
         f"--group {config.progress_group}{restore}) "

@@ -228,9 +228,19 @@ def java_settings(
 
 
 def writer_settings(
-    topic: str, prefix: str, group: str, run: str, producer: dict[str, str], reader: dict[str, str]
+    topic: str,
+    prefix: str,
+    group: str,
+    run: str,
+    producer: dict[str, str],
+    reader: dict[str, str],
+    progress_topics: dict[str, str] | None = None,
 ) -> str:
-    """The settings JSON ``PartitionedWriter`` reads (its ``Settings`` class)."""
+    """The settings JSON ``PartitionedWriter`` reads (its ``Settings`` class).
+
+    ``progress_topics``: source topic -> the topic G keeps its offsets under
+    (``ProgressNames.topic_map``); None: under the source names.
+    """
     return json.dumps(
         {
             "topic": topic,
@@ -239,6 +249,7 @@ def writer_settings(
             "run": run,
             "producer": producer,
             "reader": reader,
+            "progressTopics": progress_topics,
         }
     )
 

@@ -116,7 +116,7 @@ def refresh(
     try:
         # One call per distinct marker: send_offsets gives all its offsets one metadata.
         for marker, offsets in _by_marker(held.offsets, held.metadata).items():
-            producer.send_offsets(offsets, group_metadata, marker)
+            producer.send_offsets(offsets, group_metadata, marker, names=progress.names)
         producer.commit()
     except BaseException:
         producer.abort()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import ssl
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -139,39 +140,54 @@ def _der(data: bytes, position: int) -> tuple[int, int, int]:
     return tag, position, position + length
 
 
-def _partitions(metadata: Any, topic: str) -> list[int] | None:
-    found = metadata.topics.get(topic)
-    if found is None or found.error is not None:
-        return None
-    return sorted(found.partitions)
+@dataclass(frozen=True)
+class Cluster:
+    """What one metadata request told of a Kafka cluster: its id and its topics."""
+
+    role: str
+    servers: str
+    #: The cluster id (None: the cluster did not tell).
+    id: str | None
+    #: Topic -> its partitions (topics the cluster reported without an error).
+    topics: dict[str, list[int]]
+
+
+def cluster(client_config: Mapping[str, Any], role: str) -> Cluster:
+    """Ask the ``role`` ("source" or "sink") cluster for its metadata; fails with one line."""
+    metadata = _metadata(client_config, role)
+    return Cluster(
+        role=role,
+        servers=str(client_config["bootstrap.servers"]),
+        id=metadata.cluster_id or None,
+        topics={
+            name: sorted(topic.partitions)
+            for name, topic in metadata.topics.items()
+            if topic.error is None
+        },
+    )
 
 
 def source_partitions(
-    client_config: Mapping[str, Any], topics: list[str] | None, pattern: str | None
+    source: Cluster, topics: list[str] | None, pattern: str | None
 ) -> list[TopicPartition]:
     """The source's topic-partitions; every listed topic must exist."""
-    metadata = _metadata(client_config, "source")
-    servers = client_config["bootstrap.servers"]
     if topics is None:
         assert pattern is not None
         regex = re.compile(pattern)
         # Internal topics (__consumer_offsets, ...) never match, as the Spark source's pattern.
-        topics = sorted(t for t in metadata.topics if not t.startswith("__") and regex.fullmatch(t))
+        topics = sorted(t for t in source.topics if not t.startswith("__") and regex.fullmatch(t))
     result: list[TopicPartition] = []
     for topic in topics:
-        partitions = _partitions(metadata, topic)
+        partitions = source.topics.get(topic)
         if partitions is None:
-            raise EnvironmentNotReady(f"source topic {topic!r} does not exist on {servers}")
+            raise EnvironmentNotReady(f"source topic {topic!r} does not exist on {source.servers}")
         result.extend((topic, p) for p in partitions)
     return result
 
 
-def sink_partition_count(client_config: Mapping[str, Any], topic: str) -> int:
+def sink_partition_count(sink: Cluster, topic: str) -> int:
     """How many partitions the sink topic has; it must exist (the runner never creates it)."""
-    metadata = _metadata(client_config, "sink")
-    partitions = _partitions(metadata, topic)
+    partitions = sink.topics.get(topic)
     if partitions is None:
-        raise EnvironmentNotReady(
-            f"sink topic {topic!r} does not exist on {client_config['bootstrap.servers']}"
-        )
+        raise EnvironmentNotReady(f"sink topic {topic!r} does not exist on {sink.servers}")
     return len(partitions)

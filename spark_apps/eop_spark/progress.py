@@ -6,6 +6,13 @@ so they say exactly which input has visible output.  Reads ask for *stable*
 offsets: the broker refuses to answer while a transaction touching the
 partition is pending, and we wait for it to settle instead of reading a value
 that may still be rolled back.
+
+Callers speak of source topic-partitions; ``G`` holds them under the names of
+its :class:`~eop_spark.progress_names.ProgressNames` (the source's own, or
+progress topics when source and sink are different clusters), and every read
+here and every commit (:meth:`TransactionalProducer.send_offsets
+<eop_spark.transactions.TransactionalProducer.send_offsets>`,
+:func:`commit_offsets`) goes through that mapping.
 """
 
 from __future__ import annotations
@@ -16,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from eop_spark.client_config import EAGER_CONNECTIONS
-from eop_spark.errors import PipelineFailed
+from eop_spark.errors import EnvironmentNotReady, PipelineFailed
 from eop_spark.offsets import Offsets, TopicPartition
+from eop_spark.progress_names import ProgressNames
 
 #: How long a read waits for pending transactions to settle before giving up.
 DEFAULT_TIMEOUT_S = 60.0
@@ -57,11 +65,13 @@ class ProgressGroup:
     in it while a fresh cluster's group coordinator is not available yet.)
     """
 
-    def __init__(self, group: str, client_config: Mapping[str, Any]) -> None:
+    def __init__(self, names: ProgressNames, client_config: Mapping[str, Any]) -> None:
+        """``names``: where ``G`` keeps its offsets; ``client_config``: the sink cluster's."""
         from confluent_kafka import Consumer
 
-        self.group = group
-        self._consumer = Consumer(consumer_config(group, client_config))
+        self.names = names
+        self.group = names.group
+        self._consumer = Consumer(consumer_config(names.group, client_config))
 
     def committed(
         self, partitions: Iterable[TopicPartition], timeout: float = DEFAULT_TIMEOUT_S
@@ -74,13 +84,15 @@ class ProgressGroup:
     ) -> Progress:
         """Stable committed offsets and their commit metadata (the batch markers).
 
-        Retriable errors (the coordinator loading or moving) are retried until
-        ``timeout``.
+        ``partitions`` and the result are source topic-partitions, whatever
+        names ``G`` holds them under.  Retriable errors (the coordinator
+        loading or moving) are retried until ``timeout``.
         """
         from confluent_kafka import KafkaException
         from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-        wanted = sorted(set(partitions))
+        sources = self.names.sources(set(partitions))
+        wanted = sorted(sources)
         if not wanted:
             return Progress({}, {})
         deadline = time.monotonic() + timeout
@@ -94,10 +106,10 @@ class ProgressGroup:
                 )
                 errors = [tp.error for tp in result if tp.error is not None]
                 if not errors:
-                    found = [tp for tp in result if tp.offset >= 0]
+                    found = [(sources[(tp.topic, tp.partition)], tp) for tp in result]
                     return Progress(
-                        {(tp.topic, tp.partition): tp.offset for tp in found},
-                        {(tp.topic, tp.partition): tp.metadata or "" for tp in found},
+                        {source: tp.offset for source, tp in found if tp.offset >= 0},
+                        {source: tp.metadata or "" for source, tp in found if tp.offset >= 0},
                     )
                 error = errors[0]
             except KafkaException as exc:
@@ -123,6 +135,79 @@ class ProgressGroup:
     def close(self) -> None:
         """Release the client."""
         self._consumer.close()
+
+
+class GroupCommitter:
+    """Plain (non-transactional) commits to a group that no member joins, so they are allowed.
+
+    For a stateless reset of ``G`` (:func:`commit_offsets`), and for the lag
+    view of a cross-cluster pipeline: ``G``'s name on the source cluster
+    (:class:`eop_spark.cross_cluster.LagView`).  One client per instance.
+    """
+
+    def __init__(self, names: ProgressNames, client_config: Mapping[str, Any]) -> None:
+        """``names``: the group and its offsets' names; ``client_config``: its cluster's."""
+        from confluent_kafka import Consumer
+
+        self.names = names
+        self._consumer = Consumer(
+            {
+                **EAGER_CONNECTIONS,
+                **client_config,
+                "group.id": names.group,
+                "enable.auto.commit": False,
+                "log_level": 0,
+            }
+        )
+
+    def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Commit ``offsets`` of source partitions; raises :class:`PipelineFailed`."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+        stored = self.names.stored(offsets)
+        try:
+            self._consumer.commit(
+                offsets=[KafkaTopicPartition(t, p, o) for (t, p), o in sorted(stored.items())],
+                asynchronous=False,
+            )
+        except KafkaException as exc:
+            raise PipelineFailed(f"cannot commit to group {self.names.group}: {exc}") from exc
+
+    def close(self) -> None:
+        """Release the client."""
+        self._consumer.close()
+
+
+def commit_offsets(
+    names: ProgressNames, offsets: Mapping[TopicPartition, int], client_config: Mapping[str, Any]
+) -> None:
+    """Commit ``offsets`` (of source partitions) to ``names.group``, once (see GroupCommitter)."""
+    committer = GroupCommitter(names, client_config)
+    try:
+        committer.commit(offsets)
+    finally:
+        committer.close()
+
+
+def cluster_id(client_config: Mapping[str, Any], role: str, timeout: float = 10.0) -> str | None:
+    """The id of the Kafka cluster ``client_config`` reaches (None: it does not tell).
+
+    Raises :class:`EnvironmentNotReady` naming ``role`` ("source", "sink")
+    when the cluster does not answer.
+    """
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({**EAGER_CONNECTIONS, **client_config, "log_level": 0})
+    try:
+        described = admin.describe_cluster(request_timeout=timeout).result(timeout=timeout)
+    except (KafkaException, TimeoutError) as exc:
+        raise EnvironmentNotReady(
+            f"cannot ask the {role} Kafka cluster at {client_config.get('bootstrap.servers')} "
+            f"for its cluster id: {exc}"
+        ) from exc
+    return str(described.cluster_id) if described.cluster_id else None
 
 
 def retriable(error: Any) -> bool:

@@ -12,13 +12,13 @@ its checkpoint, and a restarted driver never resets twice.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 
 from eop_spark.client_config import EAGER_CONNECTIONS, source_client_config
 from eop_spark.config import RunConfig
-from eop_spark.errors import PipelineFailed
 from eop_spark.offsets import EARLIEST, LATEST, Offsets, TopicPartition, starting_offsets
 from eop_spark.offsets_log import OffsetsLog
+from eop_spark.progress import commit_offsets
+from eop_spark.progress_names import ProgressNames
 
 log = logging.getLogger(__name__)
 
@@ -57,50 +57,26 @@ def resolve_markers(offsets: Offsets, config: RunConfig) -> Offsets:
         consumer.close()
 
 
-def commit_progress(
-    group: str, offsets: Mapping[TopicPartition, int], sink_conf: dict[str, str]
-) -> None:
-    """Set ``G``'s committed offsets (no member ever joins ``G``, so a plain commit is allowed)."""
-    from confluent_kafka import Consumer, KafkaException
-    from confluent_kafka import TopicPartition as KafkaTopicPartition
-
-    consumer = Consumer(
-        {
-            **EAGER_CONNECTIONS,
-            **sink_conf,
-            "group.id": group,
-            "enable.auto.commit": False,
-            "log_level": 0,
-        }
-    )
-    try:
-        consumer.commit(
-            offsets=[KafkaTopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())],
-            asynchronous=False,
-        )
-    except KafkaException as exc:
-        raise PipelineFailed(f"cannot reset progress group {group}: {exc}") from exc
-    finally:
-        consumer.close()
-
-
 def reset_for_stateless_generation(
     config: RunConfig,
     offsets_log: OffsetsLog,
     partitions: list[TopicPartition],
     sink_conf: dict[str, str],
+    names: ProgressNames,
 ) -> Offsets | None:
     """Set ``G`` to ``startingOffsets`` when this generation asks for it and has not started.
 
     Returns the offsets committed, or None when nothing was reset.  Call it after
     the transactional ids were taken over (no transaction may still move ``G``).
+    ``names``: where ``G`` keeps its offsets (no member ever joins ``G``, so a
+    plain commit is allowed).
     """
     if not config.reset_progress or not offsets_log.is_new() or not partitions:
         return None
     wanted = resolve_markers(
         starting_offsets(partitions, {}, config.source.kafka.starting_offsets), config
     )
-    commit_progress(config.progress_group, wanted, sink_conf)
+    commit_offsets(names, wanted, sink_conf)
     log.warning(
         "stateless generation %d: progress group %s reset to startingOffsets %s; "
         "records from there are processed again",

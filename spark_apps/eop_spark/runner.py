@@ -38,6 +38,7 @@ from eop_spark.allocator import keep_freed_memory
 from eop_spark.batch_log import BatchResult, configure_logging, log_batch
 from eop_spark.client_config import sink_java_config, source_client_config, without_java_only
 from eop_spark.config import RunConfig
+from eop_spark.cross_cluster import LagView, ProgressTopics
 from eop_spark.errors import EXIT_OK, ConfigError, EopError, PipelineFailed, from_failure
 from eop_spark.generations import (
     check_checkpoint_kept,
@@ -50,7 +51,8 @@ from eop_spark.metrics import Counters, serve_metrics
 from eop_spark.offsets import Offsets, TopicPartition
 from eop_spark.offsets_log import HadoopFiles, LocalFiles, OffsetsLog, is_local
 from eop_spark.plan import ModeChoice, choose_mode, logical_blockers, physical_blockers
-from eop_spark.progress import ProgressGroup
+from eop_spark.progress import ProgressGroup, cluster_id
+from eop_spark.progress_names import ProgressNames, progress_names
 from eop_spark.reasons import failure_line
 from eop_spark.reset import reset_for_stateless_generation
 from eop_spark.session import build_session
@@ -90,11 +92,16 @@ class BatchGate:
         sink: Sink,
         counters: Counters,
         confirm_plan: Callable[[Sink], Sink] | None = None,
+        after_batch: Callable[[BatchResult], None] | None = None,
     ) -> None:
-        """``confirm_plan`` may replace the sink at the first batch (after seeing its plan)."""
+        """``confirm_plan`` may replace the sink at the first batch (after seeing its plan).
+
+        ``after_batch`` is told each completed batch's result (it must not block).
+        """
         self.sink = sink
         self.counters = counters
         self._confirm_plan = confirm_plan
+        self._after_batch = after_batch
         self._lock = threading.Condition()
         self._stopping = False
         self._in_flight = False
@@ -117,6 +124,8 @@ class BatchGate:
             started = time.monotonic()
             result = self.sink(df, batch_id)
             self.counters.record(result, seconds=time.monotonic() - started)
+            if self._after_batch is not None:
+                self._after_batch(result)
             with self._lock:
                 self.results[batch_id] = result
         except Exception as exc:
@@ -214,6 +223,10 @@ class PipelineRun:
         self.config = config
         self.stop = stop
         self.counters = Counters()
+        #: Source and sink on different clusters: G's progress topics on the sink cluster,
+        #: and G's lag view on the source cluster (see eop_spark.cross_cluster).
+        self.progress_topics: ProgressTopics | None = None
+        self.lag_view: LagView | None = None
 
     @functools.cached_property
     def sink_properties(self) -> dict[str, str]:
@@ -232,14 +245,17 @@ class PipelineRun:
         source_conf = source_client_config(config)
         sink_conf = without_java_only(self.sink_properties)
         kafka = config.source.kafka
-        partitions = preflight.source_partitions(source_conf, kafka.topics, kafka.topic_pattern)
-        preflight.sink_partition_count(sink_conf, config.sink.kafka.topic)
+        source = preflight.cluster(source_conf, "source")
+        sink = preflight.cluster(sink_conf, "sink")
+        partitions = preflight.source_partitions(source, kafka.topics, kafka.topic_pattern)
+        preflight.sink_partition_count(sink, config.sink.kafka.topic)
+        names = self.place_progress(source.id, sink.id, source_conf, sink_conf, partitions)
         if self.stop.is_set():
             return EXIT_OK
         if config.metrics_port is not None:
             serve_metrics(self.counters, config.pipeline, config.metrics_port)
 
-        progress = ProgressGroup(config.progress_group, sink_conf)
+        progress = ProgressGroup(names, sink_conf)
         # Taking the ids over waits on the broker (it aborts what a killed runner left open)
         # and needs no Spark: it runs while the JVM starts.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="eop-take-over") as pool:
@@ -258,6 +274,37 @@ class PipelineRun:
             return self.supervise(query, gate)
         finally:
             keep_alive.stop()
+            if self.lag_view is not None:
+                self.lag_view.close()
+
+    def place_progress(
+        self,
+        source_cluster: str | None,
+        sink_cluster: str | None,
+        source_conf: dict[str, str],
+        sink_conf: dict[str, str],
+        partitions: list[TopicPartition],
+    ) -> ProgressNames:
+        """Where G keeps its offsets, from the clusters' ids; progress topics made if needed.
+
+        Source and sink on different clusters: G's progress topics are created
+        (or grown) on the sink cluster now, before any output, and G's lag view
+        on the source cluster is set up (see :mod:`eop_spark.cross_cluster`).
+        """
+        config = self.config
+        names = progress_names(config.progress_group, source_cluster, sink_cluster)
+        if names.progress_topics:
+            self.progress_topics = ProgressTopics(names, sink_conf, config.sink.kafka.topic)
+            self.progress_topics.cover(partitions)
+            self.lag_view = LagView(names.group, source_conf)
+            self.lag_view.start()
+            log.info(
+                "source and sink are different Kafka clusters: %s; its lag view is group %s "
+                "on the source cluster",
+                names.where(),
+                names.group,
+            )
+        return names
 
     def keep_alive(
         self,
@@ -282,8 +329,12 @@ class PipelineRun:
             latest = sink.offsets_log.end_offsets(batches[-1]) if batches else {}
             current = sorted(set(partitions) | set(latest))
             if isinstance(sink, CoordinatedSink):
-                return sink.refresh_progress(current)
-            return refresh_each_partition(settings, progress, current)
+                refreshed = sink.refresh_progress(current)
+            else:
+                refreshed = refresh_each_partition(settings, progress, current)
+            if self.lag_view is not None:  # it expires on the source cluster likewise
+                self.lag_view.publish(refreshed)
+            return refreshed
 
         return KeepAlive(sink_conf, gate.between_batches, refresh)
 
@@ -301,7 +352,7 @@ class PipelineRun:
             client_config=sink_conf,
             transactional_id_prefix=config.transactional_id_prefix,
             transaction_timeout=config.sink.kafka.transaction_timeout,
-            group=config.progress_group,
+            progress=progress.names,
             group_metadata=progress.group_metadata(),
         )
 
@@ -314,11 +365,24 @@ class PipelineRun:
         progress: ProgressGroup | None = None,
         taken: Future[int] | None = None,
     ) -> tuple[StreamingQuery, BatchGate]:
-        """Take over the transactional ids (unless ``taken`` does), build the stream, start it."""
+        """Take over the transactional ids (unless ``taken`` does), build the stream, start it.
+
+        Without ``progress`` (an embedder that skips :meth:`run`), where G keeps
+        its offsets is asked of the two clusters here (:meth:`place_progress`).
+        """
         config = self.config
         files = LocalFiles() if is_local(config.checkpoint_location) else HadoopFiles(spark)
         offsets_log = OffsetsLog(config.checkpoint_location, files)
-        progress = progress or ProgressGroup(config.progress_group, sink_conf)
+        if progress is None:
+            source_conf = source_client_config(config)
+            names = self.place_progress(
+                cluster_id(source_conf, "source"),
+                cluster_id(sink_conf, "sink"),
+                source_conf,
+                sink_conf,
+                partitions,
+            )
+            progress = ProgressGroup(names, sink_conf)
         settings = self.sink_settings(sink_conf, progress)
         # Before reading G: aborts what a crashed or zombie runner left open.
         count = taken.result() if taken is not None else take_over(settings, partitions)
@@ -326,7 +390,9 @@ class PipelineRun:
         if offsets_log.is_new():
             # Before anything acts on an empty checkpoint (a stateless generation's reset).
             check_checkpoint_kept(config, offsets_log.files)
-        reset_for_stateless_generation(config, offsets_log, partitions, sink_conf)
+        reset_for_stateless_generation(config, offsets_log, partitions, sink_conf, progress.names)
+        if self.lag_view is not None:  # G as this run finds it (a killed run may not have told)
+            self.lag_view.publish(progress.committed(partitions))
         run = uuid.uuid4().hex
         jvm = self.jvm_tasks(spark, settings, run, partitions)
         start = resolve_starting_offsets(config, offsets_log, progress, partitions)
@@ -339,10 +405,15 @@ class PipelineRun:
         choice = self.choose(transformed, analyzed)
         log.info("commit mode %s: %s", choice.mode.value, choice.reason)
 
-        coordinated = CoordinatedSink(settings, offsets_log, transformed.layout, progress)
+        topics = self.progress_topics
+        coordinated = CoordinatedSink(
+            settings, offsets_log, transformed.layout, progress, progress_topics=topics
+        )
         sink: Sink = coordinated
         if choice.mode == CommitMode.PARTITIONED:
-            sink = PartitionedSink(settings, offsets_log, transformed.layout, jvm, run)
+            sink = PartitionedSink(
+                settings, offsets_log, transformed.layout, jvm, run, progress_topics=topics
+            )
         else:
             if jvm is not None:
                 jvm.release()
@@ -371,13 +442,19 @@ class PipelineRun:
                 jvm.release()
             return coordinated
 
-        gate = BatchGate(sink, self.counters, confirm_plan)
+        after_batch = self._publish_lag if self.lag_view is not None else None
+        gate = BatchGate(sink, self.counters, confirm_plan, after_batch)
         try:
             started.append(self.writer(transformed.df, gate).start())
         except Exception as exc:
             raise ConfigError(f"the query cannot start: {from_failure(exc).message}") from exc
         ready.set()
         return started[0], gate
+
+    def _publish_lag(self, result: BatchResult) -> None:
+        """Note a completed batch's end offsets for the lag view (its thread commits them)."""
+        if self.lag_view is not None:
+            self.lag_view.publish(result.offsets)
 
     def jvm_tasks(
         self,
@@ -394,7 +471,7 @@ class PipelineRun:
         """
         if self.config.sink.kafka.commit_mode == CommitMode.COORDINATED:
             return None
-        jvm = JvmTasks.decide(spark, settings, self.sink_properties, run, len(partitions))
+        jvm = JvmTasks.decide(spark, settings, self.sink_properties, run, partitions)
         if jvm is not None:
             jvm.prepare(spark, partitions)
         return jvm

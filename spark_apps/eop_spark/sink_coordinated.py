@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 from eop_spark.attempts import with_attempts
 from eop_spark.batch_log import BatchResult, BatchStatus
 from eop_spark.config import RunConfig
+from eop_spark.cross_cluster import ProgressTopics
 from eop_spark.errors import EopError, ProducerFenced, ProgressConflict, after_transaction
 from eop_spark.keep_alive import refresh
 from eop_spark.offsets import (
@@ -158,12 +159,19 @@ class CoordinatedSink:
         offsets_log: OffsetsLog,
         layout: OutputLayout,
         progress: ProgressGroup,
+        *,
+        progress_topics: ProgressTopics | None = None,
     ) -> None:
-        """Prepare; the producer is built (and fences older holders) at the first batch."""
+        """Prepare; the producer is built (and fences older holders) at the first batch.
+
+        ``progress_topics``: G's progress topics, when source and sink are
+        different clusters (each batch's partitions are covered before it commits).
+        """
         self.sink = sink
         self.offsets_log = offsets_log
         self.layout = layout
         self.progress = progress
+        self.progress_topics = progress_topics
         self._producer: TransactionalProducer | None = None
 
     def _ready_producer(self) -> TransactionalProducer:
@@ -180,6 +188,8 @@ class CoordinatedSink:
         start = self.offsets_log.start_offsets(batch_id)
         end = self.offsets_log.end_offsets(batch_id)
         failures: list[EopError] = []
+        if self.progress_topics is not None:  # partitions or topics may have appeared
+            self.progress_topics.cover(end)
 
         def attempt(_: int) -> BatchResult:
             # The producer's epoch predates this read, so a commit that succeeds
@@ -215,7 +225,10 @@ class CoordinatedSink:
                     started = time.monotonic()
                     producer.begin()
                 producer.send_offsets(
-                    end, self.sink.group_metadata, batch_marker(query_id, batch_id)
+                    end,
+                    self.sink.group_metadata,
+                    batch_marker(query_id, batch_id),
+                    names=self.sink.progress,
                 )
                 producer.commit()
             except BaseException as exc:

@@ -67,11 +67,13 @@ from typing import TYPE_CHECKING, Any
 from eop_spark import jvm_writer
 from eop_spark.attempts import with_attempts
 from eop_spark.batch_log import BatchResult, BatchStatus
+from eop_spark.cross_cluster import ProgressTopics
 from eop_spark.errors import PipelineFailed, ProducerFenced, after_transaction
 from eop_spark.offsets import Offsets, TopicPartition, batch_marker, marker_batch
 from eop_spark.offsets_log import OffsetsLog
 from eop_spark.producer_hub import commit_via_hub, handed_over_here, note_holder, worth_the_hop
 from eop_spark.progress import ProgressGroup
+from eop_spark.progress_names import ProgressNames
 from eop_spark.sink_contract import (
     PROVENANCE_COLUMNS,
     SOURCE_OFFSET,
@@ -214,10 +216,10 @@ def _fingerprint(conf: dict[str, Any]) -> str:
 
 
 def _progress_group(sink: SinkSettings) -> ProgressGroup:
-    key = _fingerprint({**sink.client_config, "group": sink.group})
+    key = _fingerprint({**sink.client_config, "progress": repr(sink.progress)})
     with _groups_lock:
         if key not in _groups:
-            _groups[key] = ProgressGroup(sink.group, sink.client_config)
+            _groups[key] = ProgressGroup(sink.progress, sink.client_config)
         return _groups[key]
 
 
@@ -268,7 +270,9 @@ def commit_partition(
         try:
             producer.begin()
             # Offsets first: a producer fenced since its last use fails right here.
-            producer.send_offsets({tp: until}, sink.group_metadata, task.marker)
+            producer.send_offsets(
+                {tp: until}, sink.group_metadata, task.marker, names=sink.progress
+            )
         except ProducerFenced:
             if not handed_over_here(sink.transactional_id(tp)):
                 fenced += 1  # not the executor's hub or another of its workers: another runner
@@ -342,13 +346,17 @@ class _OpenTransaction:
         """Commit the rows produced so far, G after the last one; begin the next transaction."""
         sink, tp, marker = self.task.sink, self.tp, self.task.marker
         # The last offsets added for a partition in a transaction are the ones it commits.
-        producer.send_offsets({tp: self.last + 1}, sink.group_metadata, marker + PARTIAL_SUFFIX)
+        producer.send_offsets(
+            {tp: self.last + 1}, sink.group_metadata, marker + PARTIAL_SUFFIX, names=sink.progress
+        )
         producer.commit()
         self.floor, self.moved = self.last + 1, True
         self.transactions += 1
         self.opened_at = time.monotonic()
         producer.begin()
-        producer.send_offsets({tp: self.task.end_offsets[tp]}, sink.group_metadata, marker)
+        producer.send_offsets(
+            {tp: self.task.end_offsets[tp]}, sink.group_metadata, marker, names=sink.progress
+        )
 
 
 def _produce(
@@ -456,11 +464,13 @@ def warm_up_workers(spark: SparkSession, tasks: int) -> None:
 class JvmTasks:
     """A run's partitioned tasks in the JVM writer: its class (through py4j), its settings."""
 
-    def __init__(self, writer: Any, settings: str, prefix: str) -> None:
-        """``settings``: the JSON ``PartitionedWriter`` reads; ``prefix``: the run's ids'."""
+    def __init__(self, writer: Any, settings: dict[str, Any], progress: ProgressNames) -> None:
+        """``settings``: what ``PartitionedWriter`` reads (as JSON); ``progress``: G's names."""
         self.writer = writer
-        self.settings = settings
-        self.prefix = prefix
+        self._settings = settings
+        self.settings = json.dumps(settings)
+        self.prefix = str(settings["prefix"])
+        self.progress = progress
         self.prepared = False
 
     @classmethod
@@ -470,13 +480,13 @@ class JvmTasks:
         sink: SinkSettings,
         java_config: dict[str, str],
         run: str,
-        partitions: int,
+        partitions: Sequence[TopicPartition],
     ) -> JvmTasks | None:
         """The JVM writer for ``run``'s tasks, or None when they stay in Python workers.
 
         ``java_config``: every sink client property, the Java clients' own ones
-        too (``client_config.sink_java_config``); ``partitions``: how many
-        source partitions (ids) the run has.
+        too (``client_config.sink_java_config``); ``partitions``: the run's
+        source partitions (one id each).
         """
         from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
 
@@ -488,13 +498,27 @@ class JvmTasks:
         if not isinstance(writer, JavaClass):
             return None  # the jar is not on the session's class path
         timeout = duration_ms(sink.transaction_timeout)
-        java = jvm_writer.java_settings(spark, java_config, timeout, partitions)
+        java = jvm_writer.java_settings(spark, java_config, timeout, len(partitions))
         if java is None:
             return None
+        topics = sink.progress.topic_map(t for t, _ in partitions)
         settings = jvm_writer.writer_settings(
-            sink.topic, sink.transactional_id_prefix, sink.group, run, *java
+            sink.topic, sink.transactional_id_prefix, sink.group, run, *java, topics
         )
-        return cls(writer, settings, sink.transactional_id_prefix)
+        return cls(writer, json.loads(settings), sink.progress)
+
+    def cover(self, partitions: Iterable[TopicPartition]) -> None:
+        """Name the progress topics of source topics new to this run (a topic pattern's).
+
+        A no-op when G keeps its offsets under the source names.
+        """
+        known = self._settings["progressTopics"]
+        if known is None:
+            return
+        new = {t for t, _ in partitions} - known.keys()
+        if new:
+            known.update(self.progress.topic_map(new) or {})
+            self.settings = json.dumps(self._settings)
 
     def prepare(self, spark: SparkSession, partitions: Iterable[TopicPartition]) -> None:
         """Have the JVM take the partitions' ids and read G for them while the query starts.
@@ -527,12 +551,19 @@ class PartitionedSink:
         layout: OutputLayout,
         jvm: JvmTasks | None,
         run: str,
+        *,
+        progress_topics: ProgressTopics | None = None,
     ) -> None:
-        """``jvm``: where the tasks run (None: Python workers), decided for ``run``."""
+        """``jvm``: where the tasks run (None: Python workers), decided for ``run``.
+
+        ``progress_topics``: G's progress topics, when source and sink are
+        different clusters (each batch's partitions are covered before it commits).
+        """
         self.sink = sink
         self.offsets_log = offsets_log
         self.layout = layout
         self.jvm = jvm
+        self.progress_topics = progress_topics
         self._function = TaskFunction(sink, layout, run)
         self._udf: Any = None
         #: Per set of column names: the columns and their Java sequence; the task function.
@@ -548,6 +579,10 @@ class PartitionedSink:
         task = PartitionTask(self.sink, end, self.layout, marker, self._function.run)
         outcomes: list[PartitionOutcome] = []
         jvm = self.jvm
+        if self.progress_topics is not None:  # partitions or topics may have appeared
+            self.progress_topics.cover(end)
+            if jvm is not None:
+                jvm.cover(end)
 
         def attempt(_: int) -> None:
             outcomes.clear()

@@ -9,6 +9,7 @@ from typing import Any
 
 from eop_spark.client_config import producer_config
 from eop_spark.offsets import TopicPartition
+from eop_spark.progress_names import ProgressNames
 from eop_spark.transactions import TransactionalProducer
 
 
@@ -24,8 +25,14 @@ class SinkSettings:
     client_config: dict[str, str]
     transactional_id_prefix: str
     transaction_timeout: str
-    group: str
+    #: The progress group and the names it keeps its offsets under.
+    progress: ProgressNames
     group_metadata: Any
+
+    @property
+    def group(self) -> str:
+        """The progress group ``G``."""
+        return self.progress.group
 
     def transactional_id(self, tp: TopicPartition | None = None) -> str:
         """``<prefix>.<topic>.<partition>`` for a source partition, ``<prefix>.driver`` without."""

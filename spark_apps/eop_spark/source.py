@@ -49,12 +49,12 @@ def resolve_starting_offsets(
         )
     committed = progress.committed(partitions)
     earlier = earlier_progress(config.checkpoint_root, offsets_log.files, config.generation)
-    forced = check_progress_kept(config, earlier, committed, partitions)
+    forced = check_progress_kept(config, earlier, committed, partitions, progress.names)
     offsets = starting_offsets(partitions, committed, spec)
     seen = sum(1 for tp in partitions if tp in committed)
     why = (
         f"new checkpoint {config.checkpoint_location}: {seen} of {len(partitions)} partitions "
-        f"resume from progress group {config.progress_group}, the others start at {spec}"
+        f"resume from {progress.names.where()}, the others start at {spec}"
     )
     if forced:
         why += (

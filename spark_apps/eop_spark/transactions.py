@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from eop_spark import native_produce
 from eop_spark.errors import PipelineFailed, ProducerFenced, SinkRetryable
 from eop_spark.offsets import Offsets
+from eop_spark.progress_names import ProgressNames
 
 log = logging.getLogger(__name__)
 
@@ -152,13 +153,20 @@ class TransactionalProducer:
         offsets: Offsets,
         group_metadata: Any,
         marker: str = "",
+        *,
+        names: ProgressNames,
         timeout: float = CALL_TIMEOUT_S,
     ) -> None:
-        """Add ``offsets`` for G (``marker`` as their metadata) to the open transaction."""
+        """Add ``offsets`` for G (``marker`` as their metadata) to the open transaction.
+
+        ``offsets`` are of source partitions; ``names`` says which
+        topic-partitions G holds them under (see :mod:`eop_spark.progress_names`).
+        """
         from confluent_kafka import TopicPartition
 
         positions = [
-            TopicPartition(t, p, o, metadata=marker) for (t, p), o in sorted(offsets.items())
+            TopicPartition(t, p, o, metadata=marker)
+            for (t, p), o in sorted(names.stored(offsets).items())
         ]
         self._call(
             lambda t: self._producer.send_offsets_to_transaction(positions, group_metadata, t),

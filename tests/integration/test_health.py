@@ -28,7 +28,12 @@ from devenv.kafka import KafkaBroker
 from devenv.kube import ControlPlane
 from tests.integration.operators import OperatorProcess, install_chart
 from tests.integration.test_operator_on_apiserver import _apply, _events, get, wait_for
-from tests.plugins.kafka import SHORT_RETENTION_S, TopicFactory
+from tests.plugins.kafka import (
+    SHORT_RETENTION_S,
+    TopicFactory,
+    consumer_groups_describe,
+    until_coordinator_ready,
+)
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
@@ -99,62 +104,14 @@ def produce(broker: KafkaBroker, topic: str, per_partition: dict[int, int]) -> N
 
 def commit(broker: KafkaBroker, group: str, topic: str, offsets: dict[int, int]) -> None:
     """Commit offsets for ``group`` as the sink would (no consumer joins the group)."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
-
-    from eop_spark.progress import retriable
+    from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(broker.client_config({"group.id": group, "enable.auto.commit": False}))
-    deadline = time.monotonic() + 60
+    positions = [TopicPartition(topic, p, o) for p, o in offsets.items()]
     try:
-        while True:
-            try:
-                consumer.commit(
-                    offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()],
-                    asynchronous=False,
-                )
-                return
-            except KafkaException as exc:
-                # A fresh broker's group coordinator may still be loading or moving.
-                if not retriable(exc.args[0]) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        until_coordinator_ready(lambda: consumer.commit(offsets=positions, asynchronous=False))
     finally:
         consumer.close()
-
-
-def consumer_groups_describe(
-    broker: KafkaBroker, group: str
-) -> dict[tuple[str, int], dict[str, int]]:
-    """``kafka-consumer-groups --describe --group`` (the broker's own tool), by partition."""
-    result = subprocess.run(
-        [
-            "java",
-            "-cp",
-            f"{broker.libs}/*",
-            "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
-            "--bootstrap-server",
-            broker.bootstrap_servers,
-            "--describe",
-            "--group",
-            group,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    lines = [line.split() for line in result.stdout.splitlines() if line.strip()]
-    header = next(i for i, cols in enumerate(lines) if "CURRENT-OFFSET" in cols)
-    names = lines[header]
-    rows = {}
-    for cols in lines[header + 1 :]:
-        row = dict(zip(names, cols, strict=False))
-        rows[(row["TOPIC"], int(row["PARTITION"]))] = {
-            "committed": int(row["CURRENT-OFFSET"]),
-            "end": int(row["LOG-END-OFFSET"]),
-            "lag": int(row["LAG"]),
-        }
-    return rows
 
 
 def status(cp: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
@@ -232,6 +189,53 @@ def test_lag_in_status_matches_kafka_consumer_groups(
         lambda: status(cp, ns, name)["progress"].get("message"), "the lost partition in status"
     )
     assert f"no committed offset for {topic}-3, which it held before" in message
+
+
+def test_lag_across_clusters_reads_g_on_the_sink_under_its_progress_topics(
+    control_plane: ControlPlane,
+    kube_namespace: str,
+    kafka_broker: KafkaBroker,
+    kafka_topic_factory: TopicFactory,
+    other_cluster_broker: KafkaBroker,
+    operator: OperatorProcess,
+) -> None:
+    """Source and sink on two clusters: end offsets from one, G from the other's progress topics.
+
+    Decoys on both clusters would show another lag if G were read anywhere else: G's name on
+    the source cluster (where only the lag view lives) and the sink cluster's own topic of
+    the source topic's name. No driver runs here, so the operator also keeps G alive, and
+    copies what it re-committed to the lag view on the source cluster.
+    """
+    cp, ns, name, other = control_plane, kube_namespace, "across", other_cluster_broker
+    topic = kafka_topic_factory(2)
+    group = f"eop.{ns}.{name}"
+    progress_topic = f"{group}.progress.{topic}"
+    produce(kafka_broker, topic, {0: 10, 1: 6})
+    other.create_topic(progress_topic, 2)
+    commit(other, group, progress_topic, {0: 7, 1: 6})  # the truth: 3 records to go
+    other.create_topic(topic, 2)
+    commit(other, group, topic, {0: 10, 1: 6})  # decoy: lag 0 under the source names
+    commit(kafka_broker, group, topic, {0: 1, 1: 1})  # decoy: a stale lag view, lag 14
+    kafka_secret(cp, ns, name)
+    manifest = pipeline(name, kafka_broker, topic, checkInterval="1s", stallTimeout="1h")
+    manifest["spec"]["sink"]["kafka"]["bootstrapServers"] = other.bootstrap_servers
+    _apply(cp, ns, manifest)
+
+    progress = wait_for(
+        lambda: (p := status(cp, ns, name).get("progress", {})).get("lag") == 3 and p,
+        "the lag in status",
+        timeout=90,
+    )
+    assert progress["worstPartitions"] == [
+        {"topic": topic, "partition": 0, "committed": 7, "end": 10, "lag": 3}
+    ]
+    assert progress["heldPartitions"] == {topic: [0, 1]}
+    assert "message" not in progress
+    # The operator's refresh while no driver runs: G kept, the lag view on the source follows.
+    wait_for(lambda: committed(kafka_broker, group, topic, 2) == {0: 7, 1: 6}, "the lag view")
+    assert consumer_groups_describe(kafka_broker, group)[(topic, 0)]["lag"] == 3
+    assert committed(other, group, progress_topic, 2) == {0: 7, 1: 6}
+    assert committed(other, group, topic, 2) == {0: 10, 1: 6}  # never touched
 
 
 def test_missing_kafka_secret_is_a_status_message(

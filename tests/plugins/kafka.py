@@ -19,6 +19,10 @@ Fixtures:
 * ``short_retention_broker`` (module): another broker that expires a member-less group's
   committed offsets ``SHORT_RETENTION_S`` (a minute, the least Kafka accepts) after their last
   commit, checking every 2 s.
+* ``other_cluster_broker`` (module): a second Kafka cluster (its own cluster id) for pipelines
+  whose source and sink are different clusters. Its PLAINTEXT clients are super users; its
+  SASL/PLAIN listener admits one user (``sasl_plain_users``) whom ACLs can limit (the
+  ``StandardAuthorizer``, everything allowed where no ACL says otherwise).
 
 Nothing is fetched or started unless a test requests one of them. Tests using them should be
 marked ``@pytest.mark.kafka`` (tests that request ``kafka_broker`` get the mark automatically,
@@ -28,14 +32,15 @@ so ``-m "not kafka"`` deselects them).
 from __future__ import annotations
 
 import re
+import time
 import uuid
-from collections.abc import Iterator, Mapping
-from typing import Protocol
+from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol, TypeVar
 
 import pytest
 
 from devenv.certs import Certs, make_certs
-from devenv.kafka import KafkaBroker
+from devenv.kafka import CONSUMER_GROUPS_TOOL, KafkaBroker
 from devenv.podnet import GATEWAY
 
 
@@ -132,3 +137,60 @@ def short_retention_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator
     }
     with KafkaBroker(tmp_path_factory.mktemp("retention"), overrides=overrides) as broker:
         yield broker
+
+
+@pytest.fixture(scope="module")
+def other_cluster_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A second Kafka cluster, with ACLs that can limit its SASL user (see the module doc)."""
+    overrides = {
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": "User:ANONYMOUS",  # PLAINTEXT clients, the broker and its controller
+        "allow.everyone.if.no.acl.found": "true",
+    }
+    users = {"eop-limited": uuid.uuid4().hex}
+    with KafkaBroker(
+        tmp_path_factory.mktemp("other-cluster"), overrides=overrides, sasl_plain_users=users
+    ) as broker:
+        yield broker
+
+
+T = TypeVar("T")
+
+
+def until_coordinator_ready(call: Callable[[], T], timeout: float = 60) -> T:
+    """``call()``, again while a fresh broker's group coordinator is loading or moving."""
+    from confluent_kafka import KafkaException
+
+    from eop_spark.progress import retriable
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            if not retriable(exc.args[0]) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def consumer_groups_describe(
+    broker: KafkaBroker, group: str
+) -> dict[tuple[str, int], dict[str, int]]:
+    """``kafka-consumer-groups --describe --group`` (the broker's own tool), by partition."""
+    result = broker.run_tool(
+        CONSUMER_GROUPS_TOOL,
+        *("--bootstrap-server", broker.bootstrap_servers, "--describe", "--group", group),
+        check=True,
+    )
+    lines = [line.split() for line in result.stdout.splitlines() if line.strip()]
+    header = next(i for i, cols in enumerate(lines) if "CURRENT-OFFSET" in cols)
+    names = lines[header]
+    rows = {}
+    for cols in lines[header + 1 :]:
+        row = dict(zip(names, cols, strict=False))
+        rows[(row["TOPIC"], int(row["PARTITION"]))] = {
+            "committed": int(row["CURRENT-OFFSET"]),
+            "end": int(row["LOG-END-OFFSET"]),
+            "lag": int(row["LAG"]),
+        }
+    return rows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -49,21 +50,32 @@ def make_pipeline(
     spark_jars: list[Path],
     tmp_path: Path,
 ) -> Iterator[PipelineFactory]:
-    """``make_pipeline(source_partitions=4, sink_partitions=4, object_store=None)``: fresh topics
-    and work dir; checkpoints in the work dir, or in ``object_store``'s bucket."""
+    """``make_pipeline(source_partitions=4, sink_partitions=4)``: fresh topics and work dir.
+
+    ``object_store=``: checkpoints in that bucket instead of the work dir.
+    ``sink_broker=``: the sink topic (and G) on that broker, another Kafka cluster.
+    """
     made: list[Pipeline] = []
 
     def make(
         source_partitions: int = 4,
         sink_partitions: int = 4,
+        *,
         object_store: ObjectStoreCheckpoints | None = None,
+        sink_broker: KafkaBroker | None = None,
     ) -> Pipeline:
+        if sink_broker is None:
+            sink_topic = kafka_topic_factory(sink_partitions, prefix="out")
+        else:  # another Kafka cluster
+            sink_topic = f"out-{uuid.uuid4().hex[:8]}"
+            sink_broker.create_topic(sink_topic, sink_partitions)
         pipeline = Pipeline(
             broker=kafka_broker,
             work=tmp_path / f"pipeline-{len(made)}",
             source_topic=kafka_topic_factory(source_partitions, prefix="in"),
-            sink_topic=kafka_topic_factory(sink_partitions, prefix="out"),
+            sink_topic=sink_topic,
             object_store=object_store,
+            sink_broker=sink_broker,
         )
         pipeline.work.mkdir(parents=True)
         made.append(pipeline)

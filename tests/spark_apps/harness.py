@@ -35,6 +35,7 @@ from confluent_kafka import (
 from devenv.kafka import KafkaBroker
 from devenv.s3 import S3Server
 from eop_spark.session import SCRATCH_ENV
+from tests.plugins.kafka import until_coordinator_ready
 
 REPO = Path(__file__).resolve().parents[2]
 SPARK_APPS = REPO / "spark_apps"
@@ -284,7 +285,11 @@ class ObjectStoreCheckpoints:
 
 @dataclass
 class Pipeline:
-    """One pipeline under test: topics, run config, runners, and output checks."""
+    """One pipeline under test: topics, run config, runners, and output checks.
+
+    The source topic is on ``broker``; the sink topic on ``sink_broker`` when
+    it is given (another Kafka cluster), else on ``broker`` too.
+    """
 
     broker: KafkaBroker
     work: Path
@@ -294,6 +299,12 @@ class Pipeline:
     runners: list[Runner] = field(default_factory=list)
     #: Where the checkpoints live: the work directory, or a bucket.
     object_store: ObjectStoreCheckpoints | None = None
+    sink_broker: KafkaBroker | None = None
+
+    @property
+    def sink(self) -> KafkaBroker:
+        """The broker of the sink topic, where G lives."""
+        return self.sink_broker or self.broker
 
     @property
     def pipeline_id(self) -> str:
@@ -317,7 +328,9 @@ class Pipeline:
             "pipeline": self.pipeline_id,
             "source": {"kafka": {"bootstrapServers": bootstrap, "topics": [self.source_topic]}},
             "transform": {"sql": "SELECT key, value FROM source"},
-            "sink": {"kafka": {"bootstrapServers": bootstrap, "topic": self.sink_topic}},
+            "sink": {
+                "kafka": {"bootstrapServers": self.sink.bootstrap_servers, "topic": self.sink_topic}
+            },
             "trigger": {"processingTime": "1s"},
             "spark": spark,
             "transactionalIdPrefix": self.group,
@@ -366,30 +379,25 @@ class Pipeline:
     # -- Kafka views ------------------------------------------------------------------------
 
     def progress(self, *topics: str) -> Offsets:
-        """G's stable committed offsets for the partitions of ``topics`` (the source topic)."""
-        # A consumer's committed() asks for stable offsets under read_committed (and, unlike
-        # AdminClient.list_consumer_group_offsets in librdkafka 2.16, survives a fresh broker).
-        consumer = Consumer(
-            client_config(
-                self.broker,
-                group_id=self.group,
-                isolation_level="read_committed",
-                enable_auto_commit=False,
-            )
-        )
-        try:
-            partitions = [
-                TopicPartition(t, p)
-                for topic in topics or (self.source_topic,)
-                for (t, p) in self.end_offsets(topic)
-            ]
-            return {
-                (tp.topic, tp.partition): tp.offset
-                for tp in consumer.committed(partitions, timeout=60)
-                if tp.offset >= 0
-            }
-        finally:
-            consumer.close()
+        """G's stable committed offsets for the partitions of ``topics`` (the source topic).
+
+        Read on the sink's cluster; when that is another cluster, under the
+        progress topics ``<G>.progress.<topic>`` (docs/exactly-once.md).
+        """
+        partitions = self._partitions(topics)
+        if self.sink_broker is None:
+            return committed_offsets(self.broker, self.group, partitions)
+        stored = {(f"{self.group}.progress.{t}", p): (t, p) for t, p in partitions}
+        found = committed_offsets(self.sink_broker, self.group, list(stored))
+        return {stored[tp]: offset for tp, offset in found.items()}
+
+    def lag_view(self, *topics: str) -> Offsets:
+        """G's offsets on the source's cluster for ``topics`` (the source topic): the lag view."""
+        return committed_offsets(self.broker, self.group, self._partitions(topics))
+
+    def _partitions(self, topics: tuple[str, ...]) -> list[tuple[str, int]]:
+        """The partitions of ``topics`` (the source topic when none) on the source's cluster."""
+        return [tp for topic in topics or (self.source_topic,) for tp in self.end_offsets(topic)]
 
     def end_offsets(self, topic: str | None = None) -> Offsets:
         """The source topic's end offsets (high watermarks)."""
@@ -401,7 +409,26 @@ class Pipeline:
 
     def output(self, topic: str | None = None) -> list[tuple[bytes | None, bytes | None]]:
         """Every (key, value) a read_committed reader sees in the sink topic."""
-        return read_committed(self.broker, topic or self.sink_topic)
+        return read_committed(self.sink, topic or self.sink_topic)
+
+
+def committed_offsets(
+    broker: KafkaBroker, group: str, partitions: Iterable[tuple[str, int]]
+) -> Offsets:
+    """``group``'s stable committed offsets on ``broker`` for ``partitions`` (absent: none)."""
+    # A consumer's committed() asks for stable offsets under read_committed (and, unlike
+    # AdminClient.list_consumer_group_offsets in librdkafka 2.16, survives a fresh broker).
+    consumer = Consumer(
+        client_config(
+            broker, group_id=group, isolation_level="read_committed", enable_auto_commit=False
+        )
+    )
+    wanted = [TopicPartition(t, p) for t, p in partitions]
+    try:
+        found = until_coordinator_ready(lambda: consumer.committed(wanted, timeout=60))
+        return {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0}
+    finally:
+        consumer.close()
 
 
 def client_config(broker: KafkaBroker, **settings: Any) -> dict[str, Any]:

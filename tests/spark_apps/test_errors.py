@@ -19,7 +19,7 @@ TASK_FAILURE = """\
 org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 3.0 failed
 org.apache.spark.api.python.PythonException: Traceback (most recent call last):
   File "/x/sink_partitioned.py", line 120, in commit_partition
-    producer.send_offsets({tp: until}, sink.group_metadata, task.marker)
+    producer.send_offsets({tp: until}, sink.group_metadata, task.marker, names=sink.progress)
 eop_spark.errors.ProducerFenced: send_offsets_to_transaction of transactional id 'eop.p.t.0' \
 failed: KafkaError{code=PRODUCER_FENCED}
 \tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException

@@ -23,6 +23,7 @@ from eop_spark import jvm_writer
 from eop_spark.errors import PipelineFailed, from_failure
 from eop_spark.offsets import batch_marker
 from eop_spark.progress import ProgressGroup
+from eop_spark.progress_names import ProgressNames
 from eop_spark.sink_partitioned import BATCH_PROPERTY, SPARK_BATCH_PROPERTY, encode_batch
 from tests.plugins.kafka import TopicFactory
 from tests.spark_apps.harness import client_config, read_committed
@@ -92,7 +93,7 @@ class Pipe:
 
     def markers(self, reads: int) -> list[dict[Any, str]]:
         """G's commit metadata for the source partition, read ``reads`` times."""
-        group = ProgressGroup(self.group, client_config(self.broker))
+        group = ProgressGroup(ProgressNames(self.group), client_config(self.broker))
         try:
             return [group.read([(self.source, 0)]).metadata for _ in range(reads)]
         finally:
@@ -100,7 +101,7 @@ class Pipe:
 
     def progress(self) -> dict[Any, int]:
         """G's committed offsets for the source partition."""
-        group = ProgressGroup(self.group, client_config(self.broker))
+        group = ProgressGroup(ProgressNames(self.group), client_config(self.broker))
         try:
             return group.committed([(self.source, 0)])
         finally:

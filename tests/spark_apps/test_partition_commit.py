@@ -20,8 +20,8 @@ import pytest
 from devenv.kafka import KafkaBroker
 from eop_spark.errors import PipelineFailed
 from eop_spark.offsets import Offsets, TopicPartition
-from eop_spark.progress import ProgressGroup
-from eop_spark.reset import commit_progress
+from eop_spark.progress import ProgressGroup, commit_offsets
+from eop_spark.progress_names import ProgressNames
 from eop_spark.sink_contract import SOURCE_OFFSET, SOURCE_PARTITION, output_layout
 from eop_spark.sink_partitioned import PartitionTask, _discard, commit_partition
 from eop_spark.sink_settings import SinkSettings
@@ -69,7 +69,7 @@ class Partition:
         )
 
     def progress(self) -> Offsets:
-        group = ProgressGroup(self.sink.group, self.sink.client_config)
+        group = ProgressGroup(self.sink.progress, self.sink.client_config)
         try:
             return group.committed([self.tp])
         finally:
@@ -80,14 +80,14 @@ class Partition:
 def partition(kafka_broker: KafkaBroker, kafka_topic_factory: TopicFactory) -> Iterator[Partition]:
     conf = {k: str(v) for k, v in client_config(kafka_broker).items()}
     group = f"eop.test.{uuid.uuid4().hex[:8]}"
-    progress = ProgressGroup(group, conf)
+    progress = ProgressGroup(ProgressNames(group), conf)
     try:
         sink = SinkSettings(
             topic=kafka_topic_factory(1, prefix="out"),
             client_config=conf,
             transactional_id_prefix=group,
             transaction_timeout="60s",
-            group=group,
+            progress=progress.names,
             group_metadata=progress.group_metadata(),
         )
     finally:
@@ -106,7 +106,7 @@ def test_a_commit_by_another_holder_of_the_id_is_not_taken_for_granted(
     other = TransactionalProducer(sink.producer_config(tp))
     try:
         other.begin()
-        other.send_offsets({tp: 20}, sink.group_metadata, "other")
+        other.send_offsets({tp: 20}, sink.group_metadata, "other", names=sink.progress)
         for offset in range(10, 20):
             other.produce_one(sink.topic, str(offset).encode(), None)
         other.commit()
@@ -129,7 +129,7 @@ def test_a_replay_in_the_same_run_is_skipped(partition: Partition) -> None:
 def test_a_new_run_reads_g_after_a_reset(partition: Partition) -> None:
     """A stateless restart in the same process resets G: the new run reprocesses, as asked."""
     assert partition.commit("first", 0, 10) == "committed"
-    commit_progress(partition.sink.group, {partition.tp: 0}, partition.sink.client_config)
+    commit_offsets(partition.sink.progress, {partition.tp: 0}, partition.sink.client_config)
     assert partition.commit("second", 0, 10) == "committed"
     assert partition.output() == sorted([*range(10), *range(10)])
     assert partition.progress() == {partition.tp: 10}
@@ -166,7 +166,7 @@ def test_a_long_range_is_committed_in_parts_and_a_replay_repeats_none(
         commit_partition(task, tp, dying)
     # Each batch after a pause committed what came before it; the last one was aborted.
     assert partition.output() == list(range(20))
-    group = ProgressGroup(partition.sink.group, partition.sink.client_config)
+    group = ProgressGroup(partition.sink.progress, partition.sink.client_config)
     try:
         progress = group.read({tp})
     finally:

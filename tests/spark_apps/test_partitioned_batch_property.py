@@ -6,6 +6,7 @@ import pytest
 
 from eop_spark.errors import PipelineFailed
 from eop_spark.offsets import batch_marker
+from eop_spark.progress_names import ProgressNames
 from eop_spark.sink_contract import output_layout
 from eop_spark.sink_partitioned import BATCH_PROPERTY, TaskFunction, decode_batch, encode_batch
 from eop_spark.sink_settings import SinkSettings
@@ -15,7 +16,7 @@ SINK = SinkSettings(
     client_config={"bootstrap.servers": "127.0.0.1:9"},
     transactional_id_prefix="eop.ns.p",
     transaction_timeout="60s",
-    group="eop.ns.p",
+    progress=ProgressNames("eop.ns.p"),
     group_metadata=b"",
 )
 

@@ -9,8 +9,9 @@ from confluent_kafka import Producer
 from devenv.kafka import KafkaBroker
 from eop_spark.config import RunConfig
 from eop_spark.offsets_log import LocalFiles, OffsetsLog
-from eop_spark.progress import ProgressGroup
-from eop_spark.reset import commit_progress, reset_for_stateless_generation
+from eop_spark.progress import ProgressGroup, commit_offsets
+from eop_spark.progress_names import ProgressNames
+from eop_spark.reset import reset_for_stateless_generation
 from tests.plugins.kafka import TopicFactory
 
 
@@ -47,20 +48,21 @@ def test_a_stateless_generation_moves_the_progress_group_to_starting_offsets(
     group = f"eop.test.{topic}"
     sink_conf = {"bootstrap.servers": kafka_broker.bootstrap_servers}
     partitions = [(topic, 0), (topic, 1)]
-    commit_progress(group, {(topic, 0): 3, (topic, 1): 3}, sink_conf)  # G at the end
+    names = ProgressNames(group)
+    commit_offsets(names, {(topic, 0): 3, (topic, 1): 3}, sink_conf)  # G at the end
 
     config = _config(kafka_broker, topic, tmp_path, "earliest", group)
     log = OffsetsLog(config.checkpoint_location, LocalFiles())
-    assert reset_for_stateless_generation(config, log, partitions, sink_conf) == {
+    assert reset_for_stateless_generation(config, log, partitions, sink_conf, names) == {
         (topic, 0): 0,
         (topic, 1): 0,
     }
-    progress = ProgressGroup(group, sink_conf)
+    progress = ProgressGroup(names, sink_conf)
     assert progress.committed(partitions) == {(topic, 0): 0, (topic, 1): 0}
 
     # Explicit JSON offsets, partitions it leaves out start at the earliest offset.
     explicit = _config(kafka_broker, topic, tmp_path, f'{{"{topic}": {{"1": 2}}}}', group)
-    reset_for_stateless_generation(explicit, log, partitions, sink_conf)
+    reset_for_stateless_generation(explicit, log, partitions, sink_conf, names)
     assert progress.committed(partitions) == {(topic, 0): 0, (topic, 1): 2}
 
     # Once the generation's query wrote a batch, a restarted driver never resets again.
@@ -68,10 +70,10 @@ def test_a_stateless_generation_moves_the_progress_group_to_starting_offsets(
     offsets.mkdir(parents=True)
     (offsets / "0").write_text('v1\n{}\n{"' + topic + '":{"0":0,"1":2}}\n')
     latest = _config(kafka_broker, topic, tmp_path, "latest", group)
-    assert reset_for_stateless_generation(latest, log, partitions, sink_conf) is None
+    assert reset_for_stateless_generation(latest, log, partitions, sink_conf, names) is None
     assert progress.committed(partitions) == {(topic, 0): 0, (topic, 1): 2}
 
     # And generations that do not ask for it are never reset.
     plain = latest.model_copy(update={"reset_progress": None, "generation": 2})
     fresh = OffsetsLog(plain.checkpoint_location, LocalFiles())
-    assert reset_for_stateless_generation(plain, fresh, partitions, sink_conf) is None
+    assert reset_for_stateless_generation(plain, fresh, partitions, sink_conf, names) is None

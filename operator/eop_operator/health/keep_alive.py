@@ -21,6 +21,11 @@ Why it is safe (docs/exactly-once.md, "Failure modes and their guards"):
   of the pipeline before it reads ``G``, the driver id included: the
   operator's producer is fenced before the runner reads anything, and a
   refresh that did commit before wrote what ``G`` already held.
+
+``G`` is read and re-committed under the names the runner uses
+(:mod:`eop_spark.progress_names`); when source and sink are different
+clusters, the offsets re-committed also refresh ``G``'s lag view on the source
+cluster (a plain commit, see :mod:`eop_spark.cross_cluster`).
 """
 
 from __future__ import annotations
@@ -38,12 +43,14 @@ from eop_operator.health.progress import (
     DEFAULT_TIMEOUT_S,
     KafkaAccess,
     ProgressUnavailable,
+    group_names,
     read_watermarks,
 )
 from eop_spark.errors import EopError
 from eop_spark.keep_alive import offsets_retention_ms, refresh_interval_s, refresh_with_driver_id
 from eop_spark.offsets import Offsets
-from eop_spark.progress import ProgressGroup
+from eop_spark.progress import ProgressGroup, commit_offsets
+from eop_spark.progress_names import ProgressNames
 from eop_spark.sink_settings import SinkSettings
 
 log = logging.getLogger(__name__)
@@ -92,25 +99,37 @@ def refresh_suspended_progress(
     """
     identity = resolve_identity(pipeline)
     group = identity.progress_group
-    partitions = list(read_watermarks(access, pipeline, group, timeout=timeout))
+    source = read_watermarks(access, pipeline, group, timeout=timeout)
+    names = group_names(access, group, source.cluster_id, timeout=timeout)
     try:
-        progress = ProgressGroup(group, access.sink)
+        progress = ProgressGroup(names, access.sink)
         try:
             settings = SinkSettings(
                 topic=pipeline.spec.sink.kafka.topic,
                 client_config=access.sink,
                 transactional_id_prefix=identity.transactional_id_prefix,
                 transaction_timeout=pipeline.spec.sink.kafka.transaction_timeout,
-                group=group,
+                progress=names,
                 group_metadata=progress.group_metadata(),
             )
-            return refresh_with_driver_id(settings, progress, partitions)
+            refreshed = refresh_with_driver_id(settings, progress, list(source.watermarks))
         finally:
             progress.close()
     except EopError as exc:
         raise ProgressUnavailable(access.redact(exc.message)) from None
     except Exception as exc:  # confluent-kafka's KafkaException, or a client setting refused
         raise ProgressUnavailable(access.redact(f"cannot refresh {group}: {exc}")) from None
+    if names.progress_topics and refreshed:
+        refresh_lag_view(access, group, refreshed)
+    return refreshed
+
+
+def refresh_lag_view(access: KafkaAccess, group: str, offsets: Offsets) -> None:
+    """Re-commit ``G``'s lag view on the source cluster (a view: a failure is only logged)."""
+    try:
+        commit_offsets(ProgressNames(group), offsets, access.source)
+    except Exception as exc:  # a view never stops a refresh
+        log.warning("the lag view of %s on the source cluster: %s", group, access.redact(str(exc)))
 
 
 async def keep_progress_alive(

@@ -6,6 +6,11 @@ through the API (``get`` on that one Secret) instead of a mounted volume.
 Secret values go to the Kafka clients only; an error message that would
 contain one is redacted before it reaches the status or the log.
 
+The source's end offsets are read from the source cluster, G from the sink
+cluster, under the names the runner commits it under
+(:mod:`eop_spark.progress_names`: the source topics when both are one cluster,
+G's progress topics when their cluster ids differ).
+
 The confluent-kafka calls block, so they run in a worker thread, each with a
 timeout: an unreachable broker costs one check interval and yields
 :class:`ProgressUnavailable` with a message for the status, never a storm of
@@ -27,7 +32,8 @@ from eop_operator.kube.client import KubeClient, KubeError
 from eop_spark.client_config import sink_librdkafka_config, source_librdkafka_config
 from eop_spark.errors import EopError
 from eop_spark.offsets import EARLIEST, LATEST, TopicPartition, starting_offsets
-from eop_spark.progress import ProgressGroup
+from eop_spark.progress import ProgressGroup, cluster_id
+from eop_spark.progress_names import ProgressNames, progress_names
 from eop_spark.spec import KafkaSource
 
 #: Seconds each Kafka request of a check may take.
@@ -132,14 +138,23 @@ def start_positions(
     return result
 
 
+@dataclass(frozen=True)
+class SourceOffsets:
+    """What the source cluster says: its cluster id, and each source partition's offsets."""
+
+    cluster_id: str | None
+    #: Per source partition: (low, last stable) offsets.
+    watermarks: dict[TopicPartition, tuple[int, int]]
+
+
 def read_watermarks(
     access: KafkaAccess,
     pipeline: ExactlyOncePipeline,
     group: str,
     *,
     timeout: float = DEFAULT_TIMEOUT_S,
-) -> dict[TopicPartition, tuple[int, int]]:
-    """The source partitions of ``pipeline`` and their (low, last stable) offsets (blocking)."""
+) -> SourceOffsets:
+    """The source cluster's id, the partitions of ``pipeline`` and their offsets (blocking)."""
     from confluent_kafka import Consumer, KafkaException
     from confluent_kafka import TopicPartition as KafkaTopicPartition
 
@@ -159,12 +174,13 @@ def read_watermarks(
     try:
         metadata = consumer.list_topics(timeout=timeout)
         topics = {name: list(t.partitions) for name, t in metadata.topics.items() if not t.error}
-        return {
+        watermarks = {
             (t, p): consumer.get_watermark_offsets(
                 KafkaTopicPartition(t, p), timeout=timeout, cached=False
             )
             for t, p in source_partitions(topics, source)
         }
+        return SourceOffsets(metadata.cluster_id or None, watermarks)
     except KafkaException as exc:
         raise ProgressUnavailable(
             access.redact(f"cannot read the source at {source.bootstrap_servers}: {exc.args[0]}")
@@ -189,10 +205,12 @@ def read_offsets(
     from confluent_kafka import KafkaException
 
     source = pipeline.spec.source.kafka
-    watermarks = read_watermarks(access, pipeline, group, timeout=timeout)
+    read = read_watermarks(access, pipeline, group, timeout=timeout)
+    watermarks = read.watermarks
     partitions = list(watermarks)
+    names = group_names(access, group, read.cluster_id, timeout=timeout)
     try:
-        progress = ProgressGroup(group, access.sink)
+        progress = ProgressGroup(names, access.sink)
     except KafkaException as exc:
         raise ProgressUnavailable(access.redact(f"invalid sink client settings: {exc}")) from None
     try:
@@ -212,6 +230,22 @@ def read_offsets(
         )
         for t, p in partitions
     )
+
+
+def group_names(
+    access: KafkaAccess, group: str, source_cluster: str | None, *, timeout: float
+) -> ProgressNames:
+    """Where ``group`` keeps its offsets, as the runner decides it: the clusters' ids (blocking).
+
+    ``source_cluster``: the source cluster's id (from :func:`read_watermarks`);
+    the sink cluster's is asked here.
+    """
+    try:
+        return progress_names(group, source_cluster, cluster_id(access.sink, "sink", timeout))
+    except EopError as exc:
+        raise ProgressUnavailable(access.redact(exc.message)) from None
+    except Exception as exc:  # a client setting confluent-kafka refuses
+        raise ProgressUnavailable(access.redact(f"invalid sink client settings: {exc}")) from None
 
 
 async def observe_progress(

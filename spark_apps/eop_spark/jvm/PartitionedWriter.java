@@ -28,6 +28,7 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
@@ -139,6 +140,11 @@ public final class PartitionedWriter {
     final String run;
     final Map<String, Object> producer;
     final Map<String, Object> reader;
+    /**
+     * Source topic -> the progress topic G keeps its offsets under (source and sink on different
+     * clusters, see eop_spark.progress_names); null: G keeps them under the source names.
+     */
+    final Map<String, String> progressTopics;
     /** The producers' transaction.timeout.ms. */
     final long timeoutMs;
     /** How long a transaction may stay open before the task commits what it produced. */
@@ -151,6 +157,13 @@ public final class PartitionedWriter {
       run = node.get("run").asText();
       producer = properties(node.get("producer"));
       reader = properties(node.get("reader"));
+      JsonNode topics = node.get("progressTopics");
+      if (topics == null || topics.isNull()) {
+        progressTopics = null;
+      } else {
+        progressTopics = new HashMap<>();
+        topics.fields().forEachRemaining(e -> progressTopics.put(e.getKey(), e.getValue().asText()));
+      }
       timeoutMs =
           Long.parseLong(String.valueOf(producer.getOrDefault("transaction.timeout.ms", "60000")));
       commitAfterNanos = timeoutMs * 1_000_000L / TIMEOUT_SHARE;
@@ -158,6 +171,26 @@ public final class PartitionedWriter {
 
     String transactionalId(String topic, int partition) {
       return prefix + "." + topic + "." + partition;
+    }
+
+    /** The topic-partition G keeps source partition ``tp``'s offset under. */
+    TopicPartition stored(TopicPartition tp) {
+      if (progressTopics == null) {
+        return tp;
+      }
+      String topic = progressTopics.get(tp.topic());
+      if (topic == null) { // never the source name: the sink cluster may have another such topic
+        throw new TaskFailure(
+            "PipelineFailed",
+            "no progress topic is known for source topic " + tp.topic() + " in this run",
+            null);
+      }
+      return new TopicPartition(topic, tp.partition());
+    }
+
+    /** ``offset`` and ``metadata`` for G, keyed by where G keeps source partition ``tp``. */
+    Map<TopicPartition, OffsetAndMetadata> forGroup(TopicPartition tp, long offset, String meta) {
+      return Collections.singletonMap(stored(tp), new OffsetAndMetadata(offset, meta));
     }
 
     static Map<String, Object> properties(JsonNode node) {
@@ -419,7 +452,7 @@ public final class PartitionedWriter {
           // metadata as a C string, so metadata without one is read on into whatever memory
           // follows (seen: a runner's start failed decoding it as UTF-8).
           producer.sendOffsetsToTransaction(
-              Collections.singletonMap(tp, new OffsetAndMetadata(until, batch.marker + "\0")),
+              settings.forGroup(tp, until, batch.marker + "\0"),
               new ConsumerGroupMetadata(settings.group));
         } catch (ProducerFencedException | InvalidProducerEpochException e) {
           // Another holder took the id over. Within one run, that is another runner; a
@@ -565,11 +598,10 @@ public final class PartitionedWriter {
   static void commitSoFar(KafkaProducer<byte[], byte[]> producer, Progress progress) {
     // Not the batch's marker: a coordinated run of the checkpoint must not take G, short of
     // the batch end, for the batch done (PARTIAL_SUFFIX in Python).
+    Settings settings = progress.settings;
     Map<TopicPartition, OffsetAndMetadata> upTo =
-        Collections.singletonMap(
-            progress.tp,
-            new OffsetAndMetadata(progress.last + 1, progress.batch.marker + PARTIAL + "\0"));
-    ConsumerGroupMetadata group = new ConsumerGroupMetadata(progress.settings.group);
+        settings.forGroup(progress.tp, progress.last + 1, progress.batch.marker + PARTIAL + "\0");
+    ConsumerGroupMetadata group = new ConsumerGroupMetadata(settings.group);
     // The last offsets added for a partition in a transaction are the ones it commits.
     producer.sendOffsetsToTransaction(upTo, group);
     producer.commitTransaction();
@@ -580,9 +612,7 @@ public final class PartitionedWriter {
     producer.beginTransaction();
     long until = progress.batch.end.get(progress.tp);
     producer.sendOffsetsToTransaction(
-        Collections.singletonMap(
-            progress.tp, new OffsetAndMetadata(until, progress.batch.marker + "\0")),
-        group);
+        settings.forGroup(progress.tp, until, progress.batch.marker + "\0"), group);
   }
 
   static void drain(Rows rows) {
@@ -649,11 +679,20 @@ public final class PartitionedWriter {
         READERS.put(key, reader);
       }
       try {
-        Map<TopicPartition, OffsetAndMetadata> found = reader.committed(tps);
+        Map<TopicPartition, TopicPartition> stored = new HashMap<>();
+        for (TopicPartition tp : tps) {
+          stored.put(tp, settings.stored(tp));
+        }
+        Map<TopicPartition, OffsetAndMetadata> found =
+            reader.committed(new HashSet<>(stored.values()));
         return tps.stream()
             .collect(
                 Collectors.toMap(
-                    tp -> tp, tp -> found.get(tp) == null ? -1L : found.get(tp).offset()));
+                    tp -> tp,
+                    tp -> {
+                      OffsetAndMetadata at = found.get(stored.get(tp));
+                      return at == null ? -1L : at.offset();
+                    }));
       } catch (RuntimeException e) {
         reader.close(Duration.ZERO);
         READERS.remove(key);
