@@ -118,10 +118,10 @@ RUN --mount=type=secret,id=build-ca \
     && s3a_dir="$(EOP_CACHE=/opt/eop/cache PYTHON=/opt/eop/venv/bin/python /src/devenv/fetch-jars.sh s3a)" \
     && mkdir -p /opt/eop/jars/s3a \
     && cp "$s3a_dir"/*.jar /opt/eop/jars/s3a/
-# The partitioned sink's JVM task (eop_spark.jvm_writer), compiled against those jars and
-# pyspark's with this stage's JDK (the image has a JRE only).
-COPY spark_apps/eop_spark/jvm_writer.py /src/jvm_writer/
-COPY spark_apps/eop_spark/jvm /src/jvm_writer/jvm
+# The partitioned sink's JVM task (eop_spark.exactly_once.partitioned.jvm_writer), compiled
+# against those jars and pyspark's with this stage's JDK (the image has a JRE only).
+COPY spark_apps/eop_spark/exactly_once/partitioned/jvm_writer.py \
+     spark_apps/eop_spark/exactly_once/partitioned/PartitionedWriter.java /src/jvm_writer/
 RUN python /src/jvm_writer/jvm_writer.py /opt/eop/jars /opt/eop/jars
 
 # ---------------------------------------------------------------------------------------------
@@ -161,9 +161,9 @@ COPY --from=wheel /wheels /tmp/wheels
 RUN pip install --no-cache-dir --no-deps --no-index /tmp/wheels/*.whl && rm -rf /tmp/wheels
 ENV EOP_SPARK_JARS=/opt/eop/jars
 # A class-data-sharing archive of the classes a session and its first query load: a restarted
-# driver's JVM maps it and starts seconds sooner (eop_spark.class_archive). Built by a short
-# training run of this very JVM and these jars, so it fits them; world-readable for uid 1000.
-RUN python -m eop_spark.class_archive /opt/eop/spark-classes.jsa \
+# driver's JVM maps it and starts seconds sooner (eop_spark.speedups.class_archive). Built by a
+# short training run of this very JVM and these jars, so it fits them; world-readable for uid 1000.
+RUN python -m eop_spark.runtime.class_archive_training /opt/eop/spark-classes.jsa \
     && chmod 0644 /opt/eop/spark-classes.jsa \
     && rm -rf /tmp/* /tmp/.[!.]*
 USER 1000:1000

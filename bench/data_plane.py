@@ -9,12 +9,12 @@ on 4 partitions), read with ``read_committed`` and written to a fresh topic by:
   (d) the broker's ProducerPerformance tool: the ceiling for writing N records,
   (e) the Python produce path without exactly-once: the same rows handed to Python
       workers (``mapInArrow``, no ``foreachBatch``) and queued on librdkafka as
-      partitioned mode's Python tasks do (:mod:`eop_spark.native_produce`), by a
+      partitioned mode's Python tasks do (:mod:`eop_spark.speedups.native_produce`), by a
       plain idempotent producer per task: no transactions, no progress group, no
       producer hub.  e/a is what moving the records through Python and librdkafka
       instead of the JVM's producer costs.  Partitioned mode's tasks run in the
-      JVM by default (:mod:`eop_spark.jvm_writer`), so b/e compares two paths,
-      not exactly-once alone.
+      JVM by default (:mod:`eop_spark.exactly_once.partitioned.jvm_writer`), so b/e
+      compares two paths, not exactly-once alone.
 
 (a)-(c) and (e) run in one SparkSession (each first copies N 100-byte records twice, in
 40 batches each, and then each size's input once, unmeasured, so the JIT of Spark's JVM
@@ -45,7 +45,7 @@ recovery time: a runner on a continuously fed topic is SIGKILLed (runner, JVM an
 workers) and restarted at once; the time from the kill to the first batch the new runner
 commits. Every copy is deleted once counted, so the page cache holds the input and a
 copy or two, not the whole run. Runners map the JVM class archive as they do in the dev
-environment and the image (built first if missing, see eop_spark.class_archive).
+environment and the image (built first if missing, see eop_spark.speedups.class_archive).
 
     .venv/bin/python -m bench.data_plane                  # 1,000,000 records, 15-30 min on 2 cores
     .venv/bin/python -m bench.data_plane --records 100000 # quick look
@@ -76,18 +76,18 @@ sys.path[:0] = [str(REPO), str(REPO / "spark_apps")]
 from confluent_kafka import Producer  # noqa: E402
 
 from devenv.kafka import PRODUCER_PERF_TOOL, KafkaBroker, spark_kafka_jars  # noqa: E402
-from eop_spark.class_archive import ensure_archive  # noqa: E402
-from eop_spark.client_config import (  # noqa: E402
+from devenv.runners import Pipeline, end_offsets, read_committed  # noqa: E402
+from eop_spark.contract.progress_names import ProgressNames  # noqa: E402
+from eop_spark.contract.run_config import RunConfig  # noqa: E402
+from eop_spark.exactly_once.progress_group import ProgressGroup  # noqa: E402
+from eop_spark.kafka.client_config import (  # noqa: E402
     producer_config,
     sink_client_config,
     spark_source_options,
 )
-from eop_spark.config import RunConfig  # noqa: E402
-from eop_spark.progress import ProgressGroup  # noqa: E402
-from eop_spark.progress_names import ProgressNames  # noqa: E402
-from eop_spark.runner import PipelineRun  # noqa: E402
-from eop_spark.session import build_session  # noqa: E402
-from tests.spark_apps.harness import Pipeline, end_offsets, read_committed  # noqa: E402
+from eop_spark.runtime.class_archive_training import ensure_archive  # noqa: E402
+from eop_spark.runtime.runner import PipelineRun  # noqa: E402
+from eop_spark.runtime.session import build_session  # noqa: E402
 
 PARTITIONS = 4
 #: The contenders run through Spark: (a), (b), (c), (e).

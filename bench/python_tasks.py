@@ -5,7 +5,7 @@ separate writes on a loopback TCP socket with Nagle's algorithm on, and a
 worker that only reads delays its ACKs, so the last write smaller than a
 segment can wait for the kernel's 40 ms delayed-ACK timer.  eop's worker
 daemon has its workers acknowledge every read at once
-(:mod:`eop_spark.worker_daemon`).  This runs the same ``mapInArrow`` jobs, in
+(:mod:`eop_spark.speedups.worker_daemon`).  This runs the same ``mapInArrow`` jobs, in
 one SparkSession and in alternating rounds, through workers that do
 (``quick ACKs``) and through workers that read as pyspark's own do
 (``EOP_NO_QUICK_ACK=1``, a second daemon with its own workers), and prints
@@ -32,9 +32,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "spark_apps")]
 
-from eop_spark.config import RunConfig  # noqa: E402
-from eop_spark.session import build_session  # noqa: E402
-from eop_spark.worker_daemon import NO_QUICK_ACK_ENV  # noqa: E402
+from eop_spark.contract.run_config import RunConfig  # noqa: E402
+from eop_spark.runtime.session import build_session  # noqa: E402
+from eop_spark.speedups.worker_daemon import NO_QUICK_ACK_ENV  # noqa: E402
 
 TASKS = 4
 #: Rows per task: one, and one task's share of a 1M-record copy in 4 batches.

@@ -29,10 +29,10 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from devenv.certs import make_certs
 from devenv.processes import die_with_parent, distinct_free_ports
@@ -740,6 +740,25 @@ class KafkaBroker:
                 f"{proc.stdout}{proc.stderr}"
             )
         return proc
+
+
+T = TypeVar("T")
+
+
+def until_coordinator_ready(call: Callable[[], T], timeout: float = 60) -> T:
+    """``call()``, again while a fresh broker's group coordinator is loading or moving."""
+    from confluent_kafka import KafkaException
+
+    from eop_spark.exactly_once.progress_group import retriable  # the runner's rule
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            if not retriable(exc.args[0]) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _await_admin(

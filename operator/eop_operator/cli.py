@@ -66,8 +66,8 @@ def local_checkpoint_root(pipeline: ExactlyOncePipeline) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one pipeline's driver (the data plane) until SIGTERM."""
     from eop_operator.api.resolve import IdentityChanged, build_run_config
-    from eop_spark.config import RunConfig
-    from eop_spark.runner import run
+    from eop_spark.contract.run_config import RunConfig
+    from eop_spark.runtime.runner import run
 
     if args.config is not None:
         try:
@@ -95,7 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_checkpoint_delete(args: argparse.Namespace) -> int:
     """Delete a checkpoint root in object storage (the retention Delete Job runs this)."""
-    from eop_spark.object_store import delete_checkpoint_root
+    from eop_spark.runtime.checkpoint_delete import delete_checkpoint_root
 
     options: dict[str, str] = {}
     for item in args.option:
@@ -109,8 +109,8 @@ def cmd_checkpoint_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_executor(_: argparse.Namespace) -> int:
-    """Start this executor pod's JVM (see eop_spark.executor)."""
-    from eop_spark.executor import main as run_executor
+    """Start this executor pod's JVM (see eop_spark.runtime.executor)."""
+    from eop_spark.runtime.executor import main as run_executor
 
     return run_executor()
 

@@ -38,7 +38,7 @@ from eop_operator.health.stall import Health, Observation, ProgressHistory, asse
 from eop_operator.kube.client import KubeClient, KubeError
 from eop_operator.kube.events import post_event
 from eop_operator.render.naming import driver_pod_name
-from eop_spark.spec import duration_ms
+from eop_spark.contract.spec import duration_ms
 
 #: How long to wait before looking again at a pipeline whose spec is invalid.
 INVALID_RETRY_S = 60.0

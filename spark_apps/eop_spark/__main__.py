@@ -2,7 +2,7 @@
 
 Options override the run config: ``--checkpoint-root DIR``, ``--generation N``;
 ``--log-format json`` writes one JSON object per log line.  Exit codes are
-documented in :mod:`eop_spark.errors`.
+documented in :mod:`eop_spark.contract.errors`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from eop_spark.config import RunConfig
-from eop_spark.errors import EXIT_CONFIG, one_line
+from eop_spark.contract.errors import EXIT_CONFIG, one_line
+from eop_spark.contract.run_config import RunConfig
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return _config_error(f"invalid run config {args.config}: {problems}")
 
-    from eop_spark.runner import run
+    from eop_spark.runtime.runner import run
 
     return run(config, log_format=args.log_format)
 

@@ -3,7 +3,7 @@
 Every alert is exercised by ``promtool test rules`` (promtool built from Prometheus's Go
 module) on series shaped like the ones the operator and the drivers export; every dashboard
 query is parsed by Prometheus's PromQL parser and may only name metrics the code exports
-(read from eop_operator.metrics and eop_spark.metrics now, so a renamed metric fails here).
+(read from eop_operator.metrics and eop_spark.runtime.metrics now, so a renamed metric fails here).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def own_labels() -> dict[str, set[str]]:
     from prometheus_client.parser import text_string_to_metric_families
 
     from eop_operator import metrics as operator_metrics
-    from eop_spark.metrics import Counters
+    from eop_spark.runtime.metrics import Counters
 
     labels: dict[str, set[str]] = {}
     for value in vars(operator_metrics).values():

@@ -114,7 +114,7 @@ def exported_metrics() -> set[str]:
     from prometheus_client.parser import text_string_to_metric_families
 
     from eop_operator import metrics as operator_metrics
-    from eop_spark.metrics import Counters
+    from eop_spark.runtime.metrics import Counters
 
     names: set[str] = set()
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}

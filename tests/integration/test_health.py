@@ -24,16 +24,11 @@ from typing import Any
 
 import pytest
 
-from devenv.kafka import KafkaBroker
+from devenv.kafka import KafkaBroker, until_coordinator_ready
 from devenv.kube import ControlPlane
 from tests.integration.operators import OperatorProcess, install_chart
 from tests.integration.test_operator_on_apiserver import _apply, _events, get, wait_for
-from tests.plugins.kafka import (
-    SHORT_RETENTION_S,
-    TopicFactory,
-    consumer_groups_describe,
-    until_coordinator_ready,
-)
+from tests.plugins.kafka import SHORT_RETENTION_S, TopicFactory, consumer_groups_describe
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 

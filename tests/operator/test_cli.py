@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from eop_operator.cli import EXIT_INVALID, build_parser, main
-from eop_spark.config import RunConfig
+from eop_spark.contract.run_config import RunConfig
 
 
 def test_render_prints_the_objects(
@@ -81,7 +81,9 @@ def test_run_keeps_a_manifests_checkpoint_in_its_object_storage(
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(manifest))
     started: list[RunConfig] = []
-    monkeypatch.setattr("eop_spark.runner.run", lambda config, **_: started.append(config) or 0)
+    monkeypatch.setattr(
+        "eop_spark.runtime.runner.run", lambda config, **_: started.append(config) or 0
+    )
     assert main(["run", str(path)]) == 0
     assert started[0].checkpoint_location == "s3a://bucket/eop/ads/clean/gen-0"
     assert started[0].spark.conf["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:8333"

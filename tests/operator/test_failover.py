@@ -13,7 +13,7 @@ from eop_operator.reconcile.failover import (
     stamp,
 )
 from eop_operator.reconcile.observe import DriverState, PodObservation, Termination
-from eop_spark.reasons import FailureReason
+from eop_spark.contract.termination import FailureReason
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
 SPEC = FailoverSpec(max_restarts=2, window="10m", backoff="10s", max_backoff="1m")
@@ -152,7 +152,10 @@ def test_a_new_generation_the_runner_refuses_stops_for_good() -> None:
 
 def test_a_driver_killed_before_its_line_is_read_from_its_last_log_record() -> None:
     """FallbackToLogsOnError: the kubelet puts the last log lines in the message."""
-    record = '{"ts": 1795628865.2, "level": "info", "logger": "eop_spark.runner", "msg": "batch 7"}'
+    record = (
+        '{"ts": 1795628865.2, "level": "info", "logger": "eop_spark.runtime.runner", '
+        '"msg": "batch 7"}'
+    )
     reason, message = classify(Termination(137, record))
     assert reason is FailureReason.FAILED
     assert message == "exit 137 without a message; last logged: batch 7"

@@ -33,7 +33,7 @@ from eop_operator.health.stall import (
 )
 from eop_operator.kube.lease import LeaseAction, LeaseRecord, decide
 from eop_operator.monitor import held_partitions, lost_progress, progress_status, ready_since
-from eop_spark.spec import KafkaSource
+from eop_spark.contract.spec import KafkaSource
 
 WINDOW = 300.0
 

@@ -32,10 +32,9 @@ so ``-m "not kafka"`` deselects them).
 from __future__ import annotations
 
 import re
-import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from typing import Protocol, TypeVar
+from collections.abc import Iterator, Mapping
+from typing import Protocol
 
 import pytest
 
@@ -152,25 +151,6 @@ def other_cluster_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K
         tmp_path_factory.mktemp("other-cluster"), overrides=overrides, sasl_plain_users=users
     ) as broker:
         yield broker
-
-
-T = TypeVar("T")
-
-
-def until_coordinator_ready(call: Callable[[], T], timeout: float = 60) -> T:
-    """``call()``, again while a fresh broker's group coordinator is loading or moving."""
-    from confluent_kafka import KafkaException
-
-    from eop_spark.progress import retriable
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return call()
-        except KafkaException as exc:
-            if not retriable(exc.args[0]) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
 
 
 def consumer_groups_describe(

@@ -1,6 +1,6 @@
 """Chaos scenarios: a pipeline's runner SIGKILLed again and again, then every output checked.
 
-Each scenario produces uniquely keyed input, lets :func:`~tests.spark_apps.harness.
+Each scenario produces uniquely keyed input, lets :func:`~tests.spark_apps.runs.
 kill_repeatedly` kill the runner ``kills`` times (most kills while a batch reads, produces
 or commits), runs a last runner to the end, and asserts what a ``read_committed`` reader
 sees (every input's output exactly once) and that G equals the source end offsets.
@@ -17,15 +17,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tests.spark_apps.harness import (
-    BATCHES_PER_KILL,
-    Pipeline,
-    Runner,
-    assert_exactly_once,
-    finish,
-    kill_repeatedly,
-    produce,
-)
+from devenv.runners import Pipeline, Runner, produce
+from tests.spark_apps.runs import BATCHES_PER_KILL, assert_exactly_once, finish, kill_repeatedly
 
 
 def seeded() -> random.Random:

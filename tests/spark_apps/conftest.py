@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from devenv.kafka import KafkaBroker, spark_kafka_jars
+from devenv.runners import ObjectStoreCheckpoints, Pipeline
 from devenv.s3 import S3Server
-from eop_spark.class_archive import ensure_archive
-from eop_spark.jvm_writer import writer_jars
+from eop_spark.exactly_once.partitioned.jvm_writer import writer_jars
+from eop_spark.runtime.class_archive_training import ensure_archive
 from tests.plugins.kafka import TopicFactory
-from tests.spark_apps.harness import ObjectStoreCheckpoints, Pipeline
 
 PipelineFactory = Callable[..., Pipeline]
 
@@ -26,7 +26,7 @@ def spark_jars() -> list[Path]:
 
     Also builds partitioned mode's JVM writer, and the JVM class archive runners
     map (once per cache; it saves each runner start seconds, see
-    eop_spark.class_archive).
+    eop_spark.speedups.class_archive).
     """
     jars = spark_kafka_jars()
     writer_jars(jars)  # built now, not in the first runner a test times

@@ -1,7 +1,7 @@
 """The ExactlyOncePipeline API (v1alpha1): the single source of the CRD schema.
 
 The data-plane parts (source, transform, sink, trigger, spark) come from
-``eop_spark.spec``; this module adds what only the operator needs.  The CRD in
+``eop_spark.contract.spec``; this module adds what only the operator needs.  The CRD in
 ``crds/`` is generated from these models (``eop crd``) and never edited.
 """
 
@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from eop_operator import API_VERSION, KIND
-from eop_spark.spec import (
+from eop_spark.contract.spec import (
     CEL_RULES_KEY,
     DEFAULT_TRIGGER_INTERVAL,
     Duration,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eop_operator.api.models import ExactlyOncePipeline
-from eop_spark.config import (
+from eop_spark.contract.run_config import (
     RunConfig,
     default_transactional_id_prefix,
     progress_group,

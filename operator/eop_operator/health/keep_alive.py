@@ -5,7 +5,7 @@ to zero, pod not scheduled) no runner commits to its progress group ``G``,
 and Kafka expires each offset of a member-less group
 ``offsets.retention.minutes`` after its last commit.  The operator's health
 daemon re-commits ``G`` then, as the runner does between batches (see
-:mod:`eop_spark.keep_alive`): well within the retention the sink cluster's
+:mod:`eop_spark.exactly_once.keep_alive`): well within the retention the sink cluster's
 brokers report, the same offsets and commit metadata, inside a transaction.
 
 Why it is safe (docs/exactly-once.md, "Failure modes and their guards"):
@@ -23,9 +23,9 @@ Why it is safe (docs/exactly-once.md, "Failure modes and their guards"):
   refresh that did commit before wrote what ``G`` already held.
 
 ``G`` is read and re-committed under the names the runner uses
-(:mod:`eop_spark.progress_names`); when source and sink are different
+(:mod:`eop_spark.contract.progress_names`); when source and sink are different
 clusters, the offsets re-committed also refresh ``G``'s lag view on the source
-cluster (a plain commit, see :mod:`eop_spark.cross_cluster`).
+cluster (a plain commit, see :mod:`eop_spark.exactly_once.cross_cluster`).
 """
 
 from __future__ import annotations
@@ -46,12 +46,17 @@ from eop_operator.health.progress import (
     group_names,
     read_watermarks,
 )
-from eop_spark.errors import EopError
-from eop_spark.keep_alive import offsets_retention_ms, refresh_interval_s, refresh_with_driver_id
-from eop_spark.offsets import Offsets
-from eop_spark.progress import ProgressGroup, commit_offsets
-from eop_spark.progress_names import ProgressNames
-from eop_spark.sink_settings import SinkSettings
+from eop_spark.contract.errors import EopError
+from eop_spark.contract.kafka_access import (
+    ProgressGroup,
+    SinkSettings,
+    commit_offsets,
+    offsets_retention_ms,
+    refresh_interval_s,
+    refresh_with_driver_id,
+)
+from eop_spark.contract.offsets import Offsets
+from eop_spark.contract.progress_names import ProgressNames
 
 log = logging.getLogger(__name__)
 

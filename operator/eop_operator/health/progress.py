@@ -8,7 +8,7 @@ contain one is redacted before it reaches the status or the log.
 
 The source's end offsets are read from the source cluster, G from the sink
 cluster, under the names the runner commits it under
-(:mod:`eop_spark.progress_names`: the source topics when both are one cluster,
+(:mod:`eop_spark.contract.progress_names`: the source topics when both are one cluster,
 G's progress topics when their cluster ids differ).
 
 The confluent-kafka calls block, so they run in a worker thread, each with a
@@ -29,12 +29,16 @@ from dataclasses import dataclass
 from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.health.stall import Observation, PartitionOffsets
 from eop_operator.kube.client import KubeClient, KubeError
-from eop_spark.client_config import sink_librdkafka_config, source_librdkafka_config
-from eop_spark.errors import EopError
-from eop_spark.offsets import EARLIEST, LATEST, TopicPartition, starting_offsets
-from eop_spark.progress import ProgressGroup, cluster_id
-from eop_spark.progress_names import ProgressNames, progress_names
-from eop_spark.spec import KafkaSource
+from eop_spark.contract.errors import EopError
+from eop_spark.contract.kafka_access import (
+    ProgressGroup,
+    cluster_id,
+    sink_librdkafka_config,
+    source_librdkafka_config,
+)
+from eop_spark.contract.offsets import EARLIEST, LATEST, TopicPartition, starting_offsets
+from eop_spark.contract.progress_names import ProgressNames, progress_names
+from eop_spark.contract.spec import KafkaSource
 
 #: Seconds each Kafka request of a check may take.
 DEFAULT_TIMEOUT_S = 10.0

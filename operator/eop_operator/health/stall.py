@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from eop_spark.offsets import TopicPartition
+from eop_spark.contract.offsets import TopicPartition
 
 #: How many partitions the status lists (the ones with the largest lag).
 WORST_PARTITIONS = 3

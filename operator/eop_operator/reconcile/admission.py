@@ -24,7 +24,11 @@ from typing import Any, NamedTuple
 from eop_operator.api.load import InvalidPipeline
 from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.api.resolve import Identity
-from eop_spark.config import default_transactional_id_prefix, pipeline_id, progress_group
+from eop_spark.contract.run_config import (
+    default_transactional_id_prefix,
+    pipeline_id,
+    progress_group,
+)
 
 
 class Claimant(NamedTuple):

@@ -2,7 +2,7 @@
 
 The StatefulSet (and the kubelet) restart a driver that dies; the operator
 counts those restarts within a window, reads why the driver stopped from its
-termination message (``eop: error: [Reason] ...``, see ``eop_spark.reasons``)
+termination message (``eop: error: [Reason] ...``, see ``eop_spark.contract.termination``)
 and decides whether the pipeline is Degraded or needs a new checkpoint
 generation.
 """
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from eop_operator.api.models import FailoverSpec, FailoverStatus
 from eop_operator.reconcile.observe import PodObservation, Termination
-from eop_spark.errors import EXIT_CONFIG, EXIT_PROGRESS_MISSING, EXIT_STATE_LOST
-from eop_spark.reasons import FailureReason, parse_failure_line
-from eop_spark.spec import duration_ms
+from eop_spark.contract.errors import EXIT_CONFIG, EXIT_PROGRESS_MISSING, EXIT_STATE_LOST
+from eop_spark.contract.spec import duration_ms
+from eop_spark.contract.termination import FailureReason, parse_failure_line
 
 #: How many driver pods' termination counts are remembered.
 SEEN_PODS = 16

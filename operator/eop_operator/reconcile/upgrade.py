@@ -51,8 +51,8 @@ from eop_operator.reconcile.failover import (
 )
 from eop_operator.reconcile.observe import ClaimState, DriverState
 from eop_operator.render import spec_hash
-from eop_spark.reasons import FailureReason
-from eop_spark.spec import duration_ms
+from eop_spark.contract.spec import duration_ms
+from eop_spark.contract.termination import FailureReason
 
 #: How often to look again while waiting for pods to go or to get Ready.
 POLL_SECONDS = 2.0

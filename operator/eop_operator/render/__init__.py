@@ -33,7 +33,7 @@ from eop_operator.render.pods import secret_dir
 from eop_operator.render.ports import driver_ports
 from eop_operator.render.rbac import DEFAULT_DRIVER_ROLE, DriverRole, render_driver_rbac
 from eop_operator.render.storage import render_checkpoint_claim, render_config_map
-from eop_spark.config import RunConfig
+from eop_spark.contract.run_config import RunConfig
 
 
 class MissingImage(ValueError):
@@ -79,7 +79,8 @@ def render_pipeline(
 
     ``metrics_host_port``: the port the operator assigned to a host-network driver
     (``render.ports.choose_host_port``); unset, the one derived from the pipeline's identity.
-    ``reset_progress`` marks a stateless generation (see ``eop_spark.reset``).
+    ``reset_progress`` marks a stateless generation (see
+    ``eop_spark.exactly_once.stateless_reset``).
     ``driver_role``: the pre-made role a driver with executors on Kubernetes is bound to.
     """
     image = pipeline.spec.image or default_image
@@ -111,8 +112,9 @@ def render_pipeline(
     config_map = render_config_map(pipeline, run_config, files)
     template = render_pod_template(pipeline, image, generation, ports)
     digest = spec_hash(config_map["data"], template)
-    # For a new generation's guards (eop_spark.generations): what the operator saw G hold
-    # (status.progress.heldPartitions) and what started the generation (the upgrade in flight).
+    # For a new generation's guards (eop_spark.exactly_once.generation_guards): what the operator
+    # saw G hold (status.progress.heldPartitions) and what started the generation (the upgrade
+    # in flight).
     # In the ConfigMap but not in the hash: a status change never restarts a running driver;
     # a driver reads them when it starts.
     status = pipeline.status

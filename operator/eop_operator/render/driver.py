@@ -44,9 +44,8 @@ from eop_operator.render.ports import (
     driver_ports,
     preferred_host_port,
 )
-from eop_spark.config import CONFIG_FILE_NAME
-from eop_spark.session import SCRATCH_ENV
-from eop_spark.spec import duration_ms
+from eop_spark.contract.run_config import CONFIG_FILE_NAME, SCRATCH_ENV
+from eop_spark.contract.spec import duration_ms
 
 CONFIG_DIR = "/etc/eop"
 CHECKPOINT_MOUNT = "/var/lib/eop/checkpoint"

@@ -58,7 +58,7 @@ RPC_SECRET_DIR = secret_dir("spark-rpc")
 RPC_SECRET_KEY = "key"
 #: Bytes of a new RPC key (Spark's own generated keys are 256 bits too).
 RPC_KEY_BYTES = 32
-#: The executor's launcher reads the master from here (see eop_spark.executor).
+#: The executor's launcher reads the master from here (see eop_spark.runtime.executor).
 MASTER_ENV = "EOP_SPARK_MASTER"
 #: Spark settings that make the RPC authenticated and encrypted (the key's file added).
 RPC_SECURITY_CONF = {

@@ -18,8 +18,7 @@ from eop_operator.render.pods import (
     node_placement,
     pod_security_context,
 )
-from eop_spark.config import CONFIG_FILE_NAME, RunConfig
-from eop_spark.session import SCRATCH_ENV
+from eop_spark.contract.run_config import CONFIG_FILE_NAME, SCRATCH_ENV, RunConfig
 
 
 def render_config_map(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from eop_spark.sink_contract import PROVENANCE_COLUMNS
+from eop_spark.exactly_once.sink_contract import PROVENANCE_COLUMNS
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame

@@ -1,0 +1,105 @@
+"""The resolved run configuration: everything one runner process needs.
+
+The operator renders it into the driver's ConfigMap; ``eop run PIPELINE.yaml``
+resolves it from a manifest on a laptop.  Either way the runner reads only this.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from eop_spark.contract.spec import (
+    SinkSpec,
+    SourceSpec,
+    SparkSpec,
+    SpecModel,
+    TransformSpec,
+    TriggerSpec,
+)
+
+#: Where the operator mounts the run configuration in the driver pod.
+CONFIG_FILE_NAME = "run.json"
+#: A directory only this driver uses, set by the operator in the driver pod.  It lives on
+#: the pod's emptyDir, which outlives a killed container (see
+#: :func:`eop_spark.runtime.session.prepare_scratch`).
+SCRATCH_ENV = "EOP_SCRATCH_DIR"
+
+
+def pipeline_id(namespace: str, name: str) -> str:
+    """The pipeline identity ``P`` = ``<namespace>.<name>`` (see docs/exactly-once.md)."""
+    return f"{namespace}.{name}"
+
+
+def progress_group(pipeline: str) -> str:
+    """The progress group ``G`` = ``eop.<P>``: committed only inside sink transactions."""
+    return f"eop.{pipeline}"
+
+
+def default_transactional_id_prefix(pipeline: str) -> str:
+    """The default transactional id prefix ``eop.<P>``."""
+    return f"eop.{pipeline}"
+
+
+class RunConfig(SpecModel):
+    """One pipeline run, fully resolved (no defaults left to guess)."""
+
+    pipeline: str = Field(min_length=3, description="Pipeline identity <namespace>.<name>.")
+    source: SourceSpec
+    transform: TransformSpec
+    sink: SinkSpec
+    trigger: TriggerSpec = Field(default_factory=TriggerSpec)
+    spark: SparkSpec = Field(default_factory=SparkSpec)
+    transactional_id_prefix: str = Field(min_length=1)
+    progress_group: str = Field(min_length=1)
+    checkpoint_root: str = Field(min_length=1, description="Directory or URI of all generations.")
+    generation: int = Field(default=0, ge=0, description="Checkpoint generation k.")
+    source_secret_dir: str | None = Field(
+        default=None, description="Directory of a mounted Secret: one Kafka property per file."
+    )
+    sink_secret_dir: str | None = None
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    committed_partitions: dict[str, list[int]] | None = Field(
+        default=None,
+        description="Per source topic, the partitions the operator saw the progress group hold: "
+        "a new generation refuses to start one that the group lacks (see "
+        "eop_spark.exactly_once.generation_guards).",
+    )
+    generation_reason: str | None = Field(
+        default=None,
+        description="What started this checkpoint generation (the operator's status.upgrade."
+        "reason: SpecChanged, RestartNonce, RolledBack, FellBack, CheckpointRecovery, "
+        "CheckpointLost); named when a new generation is refused.",
+    )
+    reset_progress: bool | None = Field(
+        default=None,
+        description="A stateless generation: before its first batch, set the progress group "
+        "to startingOffsets (see eop_spark.exactly_once.stateless_reset).",
+    )
+
+    @property
+    def checkpoint_location(self) -> str:
+        """The Spark checkpoint of this generation: ``<root>/gen-<k>``."""
+        return f"{self.checkpoint_root.rstrip('/')}/gen-{self.generation}"
+
+    @classmethod
+    def offline(cls, pipeline: str, checkpoint_root: str, sql: str) -> RunConfig:
+        """A run config for tools that need only its Spark session: its Kafka is unreachable."""
+        nowhere = "127.0.0.1:9"  # the discard port: nothing listens there
+        return cls.model_validate(
+            {
+                "pipeline": pipeline,
+                "source": {"kafka": {"bootstrapServers": nowhere, "topics": ["none"]}},
+                "transform": {"sql": sql},
+                "sink": {"kafka": {"bootstrapServers": nowhere, "topic": "none"}},
+                "transactionalIdPrefix": pipeline,
+                "progressGroup": pipeline,
+                "checkpointRoot": checkpoint_root,
+            }
+        )
+
+    @classmethod
+    def from_file(cls, path: Path) -> RunConfig:
+        """Read a run configuration written by the operator or by ``eop run``."""
+        return cls.model_validate_json(path.read_text())

@@ -1,0 +1,197 @@
+"""One partition's commit (the body of a partitioned task) on the real broker, without Spark.
+
+A producer that committed its partition in this run does not read G again
+(it knows what its own last commit left there).  These tests prove that
+knowledge is never trusted where it could be wrong: after another holder of
+the id committed, and in a new run after G was reset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pytest
+
+from devenv.kafka import KafkaBroker
+from devenv.runners import client_config, read_committed
+from eop_spark.contract.errors import PipelineFailed
+from eop_spark.contract.offsets import Offsets, TopicPartition
+from eop_spark.contract.progress_names import ProgressNames
+from eop_spark.exactly_once.partitioned.task import PartitionTask, _discard, commit_partition
+from eop_spark.exactly_once.progress_group import ProgressGroup, commit_offsets
+from eop_spark.exactly_once.sink_contract import SOURCE_OFFSET, SOURCE_PARTITION, output_layout
+from eop_spark.exactly_once.sink_settings import SinkSettings
+from eop_spark.kafka.transactional_producer import TransactionalProducer
+from tests.plugins.kafka import TopicFactory
+
+LAYOUT = output_layout([("value", "binary")])
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A sink and the one source partition its tests commit for."""
+
+    broker: KafkaBroker
+    sink: SinkSettings
+    tp: TopicPartition
+
+    def commit(self, run: str, first: int, until: int) -> str:
+        """Commit the batch ``[first, until)`` of the partition in ``run``; return its status."""
+        task = PartitionTask(self.sink, {self.tp: until}, LAYOUT, f"q:{until}", run)
+        return commit_partition(task, self.tp, self.rows(first, until)).status
+
+    def rows(self, first: int, until: int) -> list[pa.RecordBatch]:
+        """The source rows ``[first, until)`` as the transform hands them to the sink."""
+        return self.batch(range(first, until))
+
+    def batch(self, offsets: Iterable[int]) -> list[pa.RecordBatch]:
+        """One Arrow batch of output rows, one per source offset given (repeats allowed)."""
+        offsets = list(offsets)
+        return [
+            pa.RecordBatch.from_pydict(
+                {
+                    "value": [str(o).encode() for o in offsets],
+                    SOURCE_PARTITION: pa.array([self.tp[1]] * len(offsets), pa.int32()),
+                    SOURCE_OFFSET: pa.array(offsets, pa.int64()),
+                }
+            )
+        ]
+
+    def output(self) -> list[int]:
+        """The source offsets whose output a read_committed reader sees, sorted."""
+        return sorted(
+            int(value or b"") for _, value in read_committed(self.broker, self.sink.topic)
+        )
+
+    def progress(self) -> Offsets:
+        group = ProgressGroup(self.sink.progress, self.sink.client_config)
+        try:
+            return group.committed([self.tp])
+        finally:
+            group.close()
+
+
+@pytest.fixture
+def partition(kafka_broker: KafkaBroker, kafka_topic_factory: TopicFactory) -> Iterator[Partition]:
+    conf = {k: str(v) for k, v in client_config(kafka_broker).items()}
+    group = f"eop.test.{uuid.uuid4().hex[:8]}"
+    progress = ProgressGroup(ProgressNames(group), conf)
+    try:
+        sink = SinkSettings(
+            topic=kafka_topic_factory(1, prefix="out"),
+            client_config=conf,
+            transactional_id_prefix=group,
+            transaction_timeout="60s",
+            progress=progress.names,
+            group_metadata=progress.group_metadata(),
+        )
+    finally:
+        progress.close()
+    tp = (kafka_topic_factory(1, prefix="in"), 0)
+    yield Partition(kafka_broker, sink, tp)
+    _discard(sink, tp)  # the module's producer cache outlives the test otherwise
+
+
+def test_a_commit_by_another_holder_of_the_id_is_not_taken_for_granted(
+    partition: Partition,
+) -> None:
+    assert partition.commit("run", 0, 10) == "committed"
+    # Another runner takes the id over and commits [10, 20) itself.
+    sink, tp = partition.sink, partition.tp
+    other = TransactionalProducer(sink.producer_config(tp))
+    try:
+        other.begin()
+        other.send_offsets({tp: 20}, sink.group_metadata, "other", names=sink.progress)
+        for offset in range(10, 20):
+            other.produce_one(sink.topic, str(offset).encode(), None)
+        other.commit()
+    finally:
+        other.close()
+    # This runner's producer last left G at 10; the batch [10, 30) must not repeat [10, 20).
+    assert partition.commit("run", 10, 30) == "committed"
+    assert partition.output() == list(range(30))
+    assert partition.progress() == {tp: 30}
+
+
+def test_a_replay_in_the_same_run_is_skipped(partition: Partition) -> None:
+    assert partition.commit("run", 0, 10) == "committed"
+    assert partition.commit("run", 0, 10) == "skipped"
+    assert partition.commit("run", 10, 20) == "committed"
+    assert partition.output() == list(range(20))
+    assert partition.progress() == {partition.tp: 20}
+
+
+def test_a_new_run_reads_g_after_a_reset(partition: Partition) -> None:
+    """A stateless restart in the same process resets G: the new run reprocesses, as asked."""
+    assert partition.commit("first", 0, 10) == "committed"
+    commit_offsets(partition.sink.progress, {partition.tp: 0}, partition.sink.client_config)
+    assert partition.commit("second", 0, 10) == "committed"
+    assert partition.output() == sorted([*range(10), *range(10)])
+    assert partition.progress() == {partition.tp: 10}
+
+
+#: Between two Arrow batches of a task: more than a third of the 1 s transaction timeout.
+PAUSE_S = 0.4
+
+
+def slow_task(
+    partition: Partition, *batches: list[int], fail: bool = True
+) -> Iterator[pa.RecordBatch]:
+    """A task's Arrow batches (source offsets each), :data:`PAUSE_S` apart; then it dies."""
+    for number, offsets in enumerate(batches):
+        if number:
+            time.sleep(PAUSE_S)
+        yield from partition.batch(offsets)
+    if fail:
+        raise RuntimeError("the task's executor died")
+
+
+def short_timeout(partition: Partition) -> PartitionTask:
+    """A task of the batch ``[0, 30)`` with a transaction timeout of 1 s."""
+    sink = dataclasses.replace(partition.sink, transaction_timeout="1s")
+    return PartitionTask(sink, {partition.tp: 30}, LAYOUT, "q:30", "run")
+
+
+def test_a_long_range_is_committed_in_parts_and_a_replay_repeats_none(
+    partition: Partition,
+) -> None:
+    task, tp = short_timeout(partition), partition.tp
+    dying = slow_task(partition, list(range(10)), list(range(10, 20)), list(range(20, 30)))
+    with pytest.raises(RuntimeError, match="executor died"):
+        commit_partition(task, tp, dying)
+    # Each batch after a pause committed what came before it; the last one was aborted.
+    assert partition.output() == list(range(20))
+    group = ProgressGroup(partition.sink.progress, partition.sink.client_config)
+    try:
+        progress = group.read({tp})
+    finally:
+        group.close()
+    assert progress.offsets == {tp: 20}
+    assert progress.metadata[tp].rstrip("\0") == "q:30:partial"  # never taken for the batch
+    assert commit_partition(task, tp, partition.rows(0, 30)).status == "committed"
+    assert partition.output() == list(range(30))
+    assert partition.progress() == {tp: 30}
+
+
+def test_the_rows_of_one_source_record_are_never_split_by_a_commit(
+    partition: Partition,
+) -> None:
+    """Record 9 has two output rows, one at the end of a batch and one at the next's start."""
+    task, tp = short_timeout(partition), partition.tp
+    with pytest.raises(RuntimeError):
+        commit_partition(task, tp, slow_task(partition, list(range(10)), [9, 10, 11]))
+    commit_partition(task, tp, partition.batch([*range(10), 9, *range(10, 30)]))
+    assert partition.output() == sorted([*range(30), 9])
+
+
+def test_a_row_below_an_intermediate_commit_fails_the_task(partition: Partition) -> None:
+    task, tp = short_timeout(partition), partition.tp
+    with pytest.raises(PipelineFailed, match="in source offset order"):
+        rows = slow_task(partition, list(range(10)), list(range(10, 20)), [5], fail=False)
+        commit_partition(task, tp, rows)
+    assert partition.progress() == {tp: 10}

@@ -1,0 +1,68 @@
+"""Chaos: the runner is SIGKILLed at random moments, over and over.
+
+200,000 uniquely keyed records on 4 partitions; the runner process group (driver,
+JVM, Python workers) is killed 8 times, including while transactions are open
+or committing, and restarted each time.  A read_committed reader must then see
+every input's output exactly once, and G must equal the source end offsets
+(the scenarios are in ``tests/spark_apps/chaos.py``).
+
+Each test runs with the checkpoint on a volume (the work directory) and in object
+storage (``s3a://`` on the SeaweedFS test server, where a kill may also land in
+the middle of an upload of an offsets, commits or state file; the coordinated
+one with half the kills there).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from devenv.runners import ObjectStoreCheckpoints, Pipeline
+from tests.spark_apps import chaos
+from tests.spark_apps.conftest import PipelineFactory
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
+
+RECORDS = 200_000
+KILLS = 8
+#: Offsets per batch: the input must outlast every kill (see kill_repeatedly).
+PER_BATCH = 5_000
+
+
+@pytest.fixture(params=["volume", pytest.param("s3a", marks=pytest.mark.s3)])
+def checkpoints(request: pytest.FixtureRequest) -> ObjectStoreCheckpoints | None:
+    """Where the chaos tests keep checkpoints: a directory (None), or a bucket."""
+    if request.param == "volume":
+        return None
+    store: ObjectStoreCheckpoints = request.getfixturevalue("s3_checkpoints")
+    return store
+
+
+def test_partitioned_filter_survives_kill_9(
+    make_pipeline: PipelineFactory, checkpoints: ObjectStoreCheckpoints | None
+) -> None:
+    pipeline = make_pipeline(object_store=checkpoints)
+    chaos.partitioned_filter(
+        pipeline, chaos.seeded(), records=RECORDS, kills=KILLS, per_batch=PER_BATCH
+    )
+    _assert_checkpointed_in(checkpoints, pipeline)
+
+
+def test_coordinated_window_counts_survive_kill_9(
+    make_pipeline: PipelineFactory, checkpoints: ObjectStoreCheckpoints | None
+) -> None:
+    pipeline = make_pipeline(object_store=checkpoints)
+    # In a bucket, half the kills: the partitioned test takes the full count there, and a
+    # stateful query's restarts read and write its state in the store (~11 min with 8 kills
+    # on 2 busy cores).
+    kills = KILLS if checkpoints is None else KILLS // 2
+    chaos.window_counts(pipeline, chaos.seeded(), records=RECORDS, kills=kills, per_batch=PER_BATCH)
+    _assert_checkpointed_in(checkpoints, pipeline)
+
+
+def _assert_checkpointed_in(checkpoints: ObjectStoreCheckpoints | None, pipeline: Pipeline) -> None:
+    """The batches (and a stateful query's state) were checkpointed in the bucket."""
+    if checkpoints is None:
+        return
+    keys = checkpoints.keys(pipeline.name)
+    assert any(k.startswith("gen-0/commits/") for k in keys), keys[:20]
+    assert not [k for k in keys if ".tmp" in k], "a temporary file was left in the bucket"

@@ -1,0 +1,38 @@
+"""Which JVM class archive a runner maps: explicit, the image's, the dev cache's, or none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eop_spark.speedups import class_archive
+
+
+def test_the_cache_archive_is_keyed_by_spark_and_jdk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EOP_CACHE", str(tmp_path))
+    path = class_archive.cache_archive()
+    assert path.parent.parent == tmp_path / "spark-cds"
+    assert path.name == f"{class_archive.java_key()}.jsa"
+
+
+def test_lookup_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EOP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(class_archive, "IMAGE_ARCHIVE", tmp_path / "image.jsa")
+    monkeypatch.delenv("EOP_SPARK_CLASS_ARCHIVE", raising=False)
+    assert class_archive.find_archive() is None
+    cached = class_archive.cache_archive()
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"x")
+    assert class_archive.find_archive() == cached
+    (tmp_path / "image.jsa").write_bytes(b"x")
+    assert class_archive.find_archive() == tmp_path / "image.jsa"
+    explicit = tmp_path / "explicit.jsa"
+    monkeypatch.setenv("EOP_SPARK_CLASS_ARCHIVE", str(explicit))
+    assert class_archive.find_archive() is None  # named but missing: none, not another one
+    explicit.write_bytes(b"x")
+    assert class_archive.find_archive() == explicit
+    monkeypatch.setenv("EOP_SPARK_CLASS_ARCHIVE", "")
+    assert class_archive.find_archive() is None
