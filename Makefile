@@ -29,11 +29,12 @@ crds: setup
 	mkdir -p charts/eop/crds && cp crds/$(CRD) charts/eop/crds/$(CRD)
 	$(PY) -c 'from eop_operator.api.reference import api_reference; print(api_reference())' > docs/api.md
 
-## lint: ruff, mypy and the duplicates check
+## lint: ruff, mypy and the import contracts (pyproject.toml, docs/architecture.md)
 lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check operator spark_apps devenv tests bench demo
 	.venv/bin/mypy
+	.venv/bin/lint-imports
 
 ## demo: the main job: local cluster, Kafka, the chart, two pipelines, disruptions, verification
 demo: deps
