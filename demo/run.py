@@ -41,7 +41,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ import yaml
 
 from devenv.cluster import REPO, LocalCluster
 from devenv.kafka import KafkaBroker
+from eop_spark.examples.impressions import sample_event
 
 CHART = REPO / "charts" / "eop"
 EXAMPLES = REPO / "spark_apps" / "eop_spark" / "examples"
@@ -60,10 +61,6 @@ CLEAN_TOPIC = "impressions-clean"
 COUNT_TOPIC = "campaign-counts"
 CLEAN = "impressions-clean"
 COUNT = "impressions-count"
-CAMPAIGNS = [f"c-{i}" for i in range(1, 9)]
-#: Event time starts here and advances ``SIM_SECONDS_PER_EVENT`` per event produced.
-BASE_TIME = datetime(2026, 5, 1, 10, 0, 0, tzinfo=UTC)
-SIM_SECONDS_PER_EVENT = 0.02
 #: A clean-query change that alters no result (every id produced is non-empty).
 UPGRADE_PREDICATE = "\n  AND length(get_json_object(CAST(value AS STRING), '$.impression_id')) > 0"
 
@@ -122,35 +119,6 @@ class Produced:
     invalid: int = 0
 
 
-def make_event(run: str, n: int, rng: random.Random) -> tuple[dict[str, Any], bool]:
-    """Event number ``n`` of this run and whether the clean pipeline keeps it.
-
-    About 8 % are dropped by the clean pipeline: bot flag, bot user agent, unreadable time,
-    missing campaign (each id stays unique, so the recount is exact).
-    """
-    ts = BASE_TIME + timedelta(seconds=n * SIM_SECONDS_PER_EVENT + rng.uniform(0, 5))
-    event: dict[str, Any] = {
-        "impression_id": f"i-{run}-{n}",
-        "campaign_id": rng.choice(CAMPAIGNS),
-        "event_time": ts.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "placement": rng.choice(["top", "side", "feed"]),
-        "user_agent": "Mozilla/5.0",
-        "is_bot": False,
-    }
-    kind = rng.random()
-    if kind < 0.03:
-        event["is_bot"] = True
-    elif kind < 0.05:
-        event["user_agent"] = "Mozilla/5.0 (compatible; Googlebot/2.1)"
-    elif kind < 0.065:
-        event["event_time"] = "not-a-time"
-    elif kind < 0.08:
-        del event["campaign_id"]
-    else:
-        return event, True
-    return event, False
-
-
 class ProducerThread(threading.Thread):
     """Writes impression events to ``RAW_TOPIC`` at ``rate`` per second for ``duration`` s."""
 
@@ -183,7 +151,7 @@ class ProducerThread(threading.Thread):
                 if elapsed >= self.duration:
                     break
                 while n < int(elapsed * self.rate) + 1:
-                    event, valid = make_event(self.run_id, n, self.rng)
+                    event, valid = sample_event(self.run_id, n, self.rng)
                     key = event["impression_id"]
                     producer.produce(RAW_TOPIC, key=key.encode(), value=json.dumps(event).encode())
                     if valid:

@@ -142,8 +142,12 @@ class KafkaBroker:
         sasl_plain_users: Mapping[str, str] | None = None,
         tls_certs: Path | str | None = None,
         cluster_address: str | None = None,
+        port: int | None = None,
     ) -> None:
         """Describe a broker; nothing runs until :meth:`start`.
+
+        ``port``: the PLAINTEXT listener's port (default: a free one), e.g. Kafka's
+        usual 9092 for the laptop quick start; the other listeners take free ones.
 
         ``overrides`` are extra or replacement ``server.properties`` entries.
         ``sasl_plain_users`` (user -> password) adds a ``SASL_PLAINTEXT`` listener on
@@ -170,6 +174,7 @@ class KafkaBroker:
         self.cluster_address = cluster_address
         self._cluster_port: int | None = None
         self.start_timeout = start_timeout
+        self.requested_port = port
         self._port: int | None = None
         self._controller_port: int | None = None
         self._libs: Path | None = None
@@ -423,16 +428,26 @@ class KafkaBroker:
             return self
         if self._port is None and (self.data_dir / "meta.properties").exists():
             self._load_ports()  # an existing broker dir: same ports, same data
+            if self.requested_port not in (None, self._port):
+                raise KafkaBrokerError(
+                    f"the broker in {self.work_dir} listens on port {self._port}, not "
+                    f"{self.requested_port}: use another directory for another port"
+                )
         fresh = self._port is None
-        attempts = 3 if fresh else 1
+        # A port asked for stays: a race for it cannot be won by trying again.
+        attempts = 3 if fresh and self.requested_port is None else 1
         for attempt in range(attempts):
             if fresh:
-                ports = distinct_free_ports(
+                count = (
                     2
                     + bool(self.sasl_plain_users)
                     + 2 * (self.tls_certs is not None)
                     + (self.cluster_address is not None)
                 )
+                ports = distinct_free_ports(count)
+                if self.requested_port is not None:
+                    others = [p for p in ports if p != self.requested_port]
+                    ports = [self.requested_port, *others[: count - 1]]
                 self._assign_ports(ports)
             try:
                 self._start_once()
@@ -777,6 +792,17 @@ def _await_admin(
         raise KafkaBrokerError(f"{what} timed out after {timeout}s") from exc
 
 
+def _topic_list(text: str) -> list[tuple[str, int]]:
+    """``--topics impressions-raw:3,impressions-clean:3`` as (name, partitions) pairs."""
+    topics = []
+    for item in text.split(","):
+        name, _, count = item.strip().partition(":")
+        if not name or not count.isdigit() or int(count) < 1:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected NAME:PARTITIONS")
+        topics.append((name, int(count)))
+    return topics
+
+
 def _up(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m devenv.kafka")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -787,6 +813,14 @@ def _up(argv: Sequence[str]) -> int:
         "--tls",
         action="store_true",
         help="also listen with TLS and mutual TLS (certificates made in DIR/certs)",
+    )
+    up.add_argument("--port", type=int, help="the PLAINTEXT listener's port (default: a free one)")
+    up.add_argument(
+        "--topics",
+        type=_topic_list,
+        default=[],
+        metavar="NAME:PARTITIONS,...",
+        help="create these topics once the broker is up (topics are never auto-created)",
     )
     sub.add_parser("jars", help="fetch the jars and print the Spark connector jar paths")
     args = parser.parse_args(argv)
@@ -802,17 +836,20 @@ def _up(argv: Sequence[str]) -> int:
         signal.signal(sig, lambda *_: stop.set())
     started = time.monotonic()
     certs = make_certs(args.dir / "certs").directory if args.tls else None
-    broker = KafkaBroker(args.dir, heap=args.heap, tls_certs=certs).start()
+    broker = KafkaBroker(args.dir, heap=args.heap, tls_certs=certs, port=args.port).start()
     try:
+        for name, partitions in args.topics:
+            broker.create_topic(name, partitions, exist_ok=True)
         tls = (
             f"TLS: {broker.tls_bootstrap_servers}, mutual TLS: {broker.mtls_bootstrap_servers} "
             f"(CA and client certificates in {certs})\n"
             if certs is not None
             else ""
         )
+        topics = "".join(f"topic {name}: {count} partitions\n" for name, count in args.topics)
         print(
             f"Kafka {versions()['KAFKA_VERSION']} up in {time.monotonic() - started:.1f}s\n"
-            f"bootstrap servers: {broker.bootstrap_servers}\n{tls}"
+            f"bootstrap servers: {broker.bootstrap_servers}\n{tls}{topics}"
             f"log: {broker.log_path}\n"
             "Ctrl-C to stop.",
             flush=True,

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import (
     Consumer,
@@ -39,6 +39,23 @@ REPO = Path(__file__).resolve().parents[1]
 SPARK_APPS = REPO / "spark_apps"
 
 Offsets = dict[tuple[str, int], int]
+
+
+class Brokers(Protocol):
+    """Where a Kafka cluster listens: a :class:`KafkaBroker`, or a :class:`BrokerAddress`."""
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """``host:port`` of its brokers."""
+        ...
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    """A broker started elsewhere (by another process), known by its address only."""
+
+    bootstrap_servers: str
+
 
 #: Spark settings that keep a test runner small and quick on a 2-core machine.
 TEST_SPARK: dict[str, Any] = {
@@ -182,7 +199,7 @@ class Runner:
 
     def kill(self) -> None:
         """SIGKILL the runner with its JVM and Python workers, as a container kill does."""
-        _kill_session(self.proc.pid)
+        kill_session(self.proc.pid)
         self.proc.wait(30)
 
     def terminate(self) -> None:
@@ -204,7 +221,7 @@ class Runner:
             self.kill()
         else:
             # The JVM or Python workers may outlive a runner that exited badly.
-            _kill_session(self.proc.pid)
+            kill_session(self.proc.pid)
 
 
 #: JVM threads worth showing for a stuck runner: the query, its batches' tasks, py4j calls.
@@ -241,7 +258,7 @@ def _session_pids(sid: int) -> list[int]:
     return found
 
 
-def _kill_session(sid: int) -> None:
+def kill_session(sid: int) -> None:
     """SIGKILL every process of session ``sid``, as a container kill does."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(sid, signal.SIGKILL)  # the runner and its JVM: nothing forks after this
@@ -411,7 +428,7 @@ class Pipeline:
 
 
 def committed_offsets(
-    broker: KafkaBroker, group: str, partitions: Iterable[tuple[str, int]]
+    broker: Brokers, group: str, partitions: Iterable[tuple[str, int]]
 ) -> Offsets:
     """``group``'s stable committed offsets on ``broker`` for ``partitions`` (absent: none)."""
     # A consumer's committed() asks for stable offsets under read_committed (and, unlike
@@ -429,7 +446,7 @@ def committed_offsets(
         consumer.close()
 
 
-def client_config(broker: KafkaBroker, **settings: Any) -> dict[str, Any]:
+def client_config(broker: Brokers, **settings: Any) -> dict[str, Any]:
     """A confluent-kafka config for the test broker; ``linger_ms=5`` means ``linger.ms``."""
     return {"bootstrap.servers": broker.bootstrap_servers} | {
         key.replace("_", "."): value for key, value in settings.items()
@@ -449,7 +466,7 @@ _TRANSIENT = frozenset(
 )
 
 
-def end_offsets(broker: KafkaBroker, topic: str, timeout: float = 30) -> Offsets:
+def end_offsets(broker: Brokers, topic: str, timeout: float = 30) -> Offsets:
     """High watermarks of every partition of ``topic``.
 
     Retriable broker errors (a leader moving while the single broker restarts or a fresh topic's
@@ -478,13 +495,13 @@ def end_offsets(broker: KafkaBroker, topic: str, timeout: float = 30) -> Offsets
 
 
 def read_committed(
-    broker: KafkaBroker, topic: str, timeout: float = 60
+    broker: Brokers, topic: str, timeout: float = 60
 ) -> list[tuple[bytes | None, bytes | None]]:
     """Read ``topic`` from the start to its end as a read_committed consumer: (key, value)s."""
     return [(m.key(), m.value()) for m in read_committed_messages(broker, topic, timeout)]
 
 
-def read_committed_messages(broker: KafkaBroker, topic: str, timeout: float = 60) -> list[Message]:
+def read_committed_messages(broker: Brokers, topic: str, timeout: float = 60) -> list[Message]:
     """Read ``topic`` from the start to its end as a read_committed consumer: the messages."""
     ends = end_offsets(broker, topic)
     consumer = Consumer(
@@ -518,7 +535,7 @@ def read_committed_messages(broker: KafkaBroker, topic: str, timeout: float = 60
 
 
 def produce(
-    broker: KafkaBroker,
+    broker: Brokers,
     topic: str,
     records: Iterable[tuple[str, str, int]],
 ) -> int:

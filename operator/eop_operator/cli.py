@@ -90,6 +90,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides["generation"] = args.generation
     if overrides:
         config = config.model_copy(update=overrides)
+    if args.bootstrap_servers:
+        config = config.on_brokers(args.bootstrap_servers)
     return run(config, log_format=args.log_format)
 
 
@@ -317,6 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint.uri/<namespace>/<name>, else ./.eop/<namespace>.<name>)",
     )
     run.add_argument("--generation", type=int, help="checkpoint generation")
+    run.add_argument(
+        "--bootstrap-servers",
+        metavar="HOST:PORT",
+        help="the Kafka brokers of source and sink both, instead of the manifest's "
+        "(run a manifest written for a cluster against a broker on this machine)",
+    )
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.set_defaults(func=cmd_run)
 

@@ -83,6 +83,26 @@ class RunConfig(SpecModel):
         """The Spark checkpoint of this generation: ``<root>/gen-<k>``."""
         return f"{self.checkpoint_root.rstrip('/')}/gen-{self.generation}"
 
+    def on_brokers(self, bootstrap_servers: str) -> RunConfig:
+        """This run with ``bootstrap_servers`` for both source and sink.
+
+        ``eop run --bootstrap-servers``: a manifest written for a cluster, run
+        against a broker on a laptop.
+        """
+        source = self.source.model_copy(
+            update={
+                "kafka": self.source.kafka.model_copy(
+                    update={"bootstrap_servers": bootstrap_servers}
+                )
+            }
+        )
+        sink = self.sink.model_copy(
+            update={
+                "kafka": self.sink.kafka.model_copy(update={"bootstrap_servers": bootstrap_servers})
+            }
+        )
+        return self.model_copy(update={"source": source, "sink": sink})
+
     @classmethod
     def offline(cls, pipeline: str, checkpoint_root: str, sql: str) -> RunConfig:
         """A run config for tools that need only its Spark session: its Kafka is unreachable."""

@@ -15,11 +15,23 @@ Both exist as SQL (for ``transform.sql``) and as Python callables (for
 ``transform.python``: module ``eop_spark.examples.impressions``).  The SQL
 version of the count has no watermark (Spark SQL cannot declare one), so it
 needs output mode ``update``; the Python version is the one to run.
+
+Sample raw events for both (:func:`sample_event`; the demo writes them too):
+``python -m eop_spark.examples.impressions produce --bootstrap-servers HOST:PORT``
+writes a few to ``impressions-raw`` (the laptop quick start in the README).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import argparse
+import json
+import random
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from eop_spark.exactly_once.sink_contract import PROVENANCE_COLUMNS
 
@@ -142,3 +154,107 @@ def count_impressions(source: DataFrame) -> DataFrame:
             )
         ).alias("value"),
     )
+
+
+# ----------------------------------------------------------------------------- sample events
+
+#: The topic of raw impressions in the example manifests.
+RAW_TOPIC = "impressions-raw"
+#: The campaigns sample events name.
+CAMPAIGNS = [f"c-{i}" for i in range(1, 9)]
+#: Event time starts here and advances ``SIM_SECONDS_PER_EVENT`` per event produced.
+BASE_TIME = datetime(2026, 5, 1, 10, 0, 0, tzinfo=UTC)
+SIM_SECONDS_PER_EVENT = 0.02
+#: How long :func:`produce_samples` waits for the broker and the topic.
+TOPIC_WAIT_S = 120.0
+
+
+def sample_event(run: str, n: int, rng: random.Random) -> tuple[dict[str, Any], bool]:
+    """Sample raw event number ``n`` of run ``run``, and whether ``clean`` keeps it.
+
+    About 8 % are dropped by the clean pipeline: bot flag, bot user agent, unreadable time,
+    missing campaign (each id stays unique, so the recount is exact).
+    """
+    ts = BASE_TIME + timedelta(seconds=n * SIM_SECONDS_PER_EVENT + rng.uniform(0, 5))
+    event: dict[str, Any] = {
+        "impression_id": f"i-{run}-{n}",
+        "campaign_id": rng.choice(CAMPAIGNS),
+        "event_time": ts.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "placement": rng.choice(["top", "side", "feed"]),
+        "user_agent": "Mozilla/5.0",
+        "is_bot": False,
+    }
+    kind = rng.random()
+    if kind < 0.03:
+        event["is_bot"] = True
+    elif kind < 0.05:
+        event["user_agent"] = "Mozilla/5.0 (compatible; Googlebot/2.1)"
+    elif kind < 0.065:
+        event["event_time"] = "not-a-time"
+    elif kind < 0.08:
+        del event["campaign_id"]
+    else:
+        return event, True
+    return event, False
+
+
+def _wait_for_topic(producer: Any, topic: str, deadline: float) -> None:
+    """Wait until the broker answers and has ``topic`` (it may still be starting)."""
+    from confluent_kafka import KafkaException
+
+    while True:
+        try:
+            found = producer.list_topics(topic, timeout=5).topics.get(topic)
+            if found is not None and found.error is None and found.partitions:
+                return
+        except KafkaException:
+            pass  # not up yet
+        if time.monotonic() > deadline:
+            raise SystemExit(f"topic {topic} not found within {TOPIC_WAIT_S:.0f} s")
+        time.sleep(0.5)
+
+
+def produce_samples(
+    bootstrap_servers: str, events: int, topic: str = RAW_TOPIC, seed: int = 7
+) -> tuple[int, int]:
+    """Write ``events`` sample raw impressions to ``topic``: (written, kept by ``clean``).
+
+    Waits up to :data:`TOPIC_WAIT_S` for the broker and the topic first.  Each
+    call writes impressions of ids of its own (``i-<run>-<n>``).
+    """
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "linger.ms": 20}
+    )
+    _wait_for_topic(producer, topic, time.monotonic() + TOPIC_WAIT_S)
+    rng = random.Random(seed)
+    run = uuid.uuid4().hex[:6]
+    kept = 0
+    for n in range(events):
+        event, valid = sample_event(run, n, rng)
+        kept += valid
+        value = json.dumps(event).encode()
+        producer.produce(topic, key=event["impression_id"].encode(), value=value)
+        producer.poll(0)
+    if producer.flush(60) != 0:
+        raise SystemExit(f"the last sample events were not written to {topic} within 60 s")
+    return events, kept
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``produce --bootstrap-servers HOST:PORT [--events N] [--topic T]``: sample events."""
+    parser = argparse.ArgumentParser(prog="python -m eop_spark.examples.impressions")
+    commands = parser.add_subparsers(dest="command", required=True)
+    produce = commands.add_parser("produce", help="write sample raw impression events")
+    produce.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
+    produce.add_argument("--events", type=int, default=1000)
+    produce.add_argument("--topic", default=RAW_TOPIC)
+    args = parser.parse_args(argv)
+    written, kept = produce_samples(args.bootstrap_servers, args.events, args.topic)
+    print(f"wrote {written} impressions to {args.topic} ({kept} kept by impressions-clean)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
