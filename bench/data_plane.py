@@ -244,11 +244,11 @@ def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
 
 
 def batch_seconds(query: Any) -> float:
-    """Seconds Spark spent in the batches that read rows, from the query's progress reports."""
+    """Seconds Spark spent in the batches that read rows, from Spark's batch reports."""
     return sum(
-        p["durationMs"].get("triggerExecution", 0) / 1000.0
-        for p in query.recentProgress
-        if p["numInputRows"] > 0
+        report["durationMs"].get("triggerExecution", 0) / 1000.0
+        for report in query.recentProgress
+        if report["numInputRows"] > 0
     )
 
 
@@ -312,7 +312,7 @@ def _produce_plainly(bootstrap_servers: str, topic: str) -> Any:
     def produce(batches: Iterator[Any]) -> Iterator[Any]:
         import confluent_kafka  # imported here: the worker unpickles this function
 
-        from eop_spark import native_produce
+        from eop_spark.speedups import native_produce
 
         conf = producer_config({"bootstrap.servers": bootstrap_servers}, "-", "60s")
         for transactional in ("transactional.id", "transaction.timeout.ms"):

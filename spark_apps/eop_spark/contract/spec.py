@@ -8,6 +8,10 @@ here too) and adds what only the operator needs (image, volumes, upgrades).
 Rules the API server can enforce are declared once, with :func:`exactly_one_of`
 and ``json_schema_extra``: each becomes both a pydantic validator (for
 ``eop run`` on a laptop) and a CEL ``x-kubernetes-validations`` rule in the CRD.
+
+Longer than most modules: every field of the data plane's part of the API is
+declared here once, with its description and its rules, because the CRD and
+docs/api.md are generated from these declarations.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ class Counters:
             self.commit_seconds_total += result.txn_ms / 1000.0
 
     def add_rows_in(self, rows: int) -> None:
-        """Count input rows (known once Spark reports the batch's progress)."""
+        """Count input rows (known once Spark's batch report for the batch arrives)."""
         with self._lock:
             self.rows_in += rows
 

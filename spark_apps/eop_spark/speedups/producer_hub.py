@@ -51,6 +51,10 @@ The hub exits with the daemon (``PR_SET_PDEATHSIG``), and so with the
 executor.  A hub killed outright leaves its directory behind; the next one
 to start removes those nobody listens on (:func:`sweep`).
 ``EOP_NO_PRODUCER_HUB=1`` keeps producers in the workers.
+
+Longer than most modules: both ends of one wire format (the hub's server and
+the workers' client) and the holder notes they share are kept in one place,
+so a change to one end meets the other.
 """
 
 from __future__ import annotations

@@ -45,6 +45,11 @@ Python worker, the executor's producer hub (a :class:`TaskHandOff` the runner
 plugs in), or the driver.  By default the tasks run them in the executor's JVM
 instead (``PartitionedWriter.java``); which path runs when, and why each
 exists, is the table in :mod:`eop_spark.exactly_once.partitioned`.
+
+Longer than most modules: the four steps, the split of a long range into
+several transactions and the checks on a task's rows are one protocol, which
+``PartitionedWriter.java`` implements again in Java; each is read against the
+other, so they stay in one file each.
 """
 
 from __future__ import annotations
