@@ -5,8 +5,11 @@ Layers, each importing only those to its left::
     api (models, CRD) -> render (pure: pipeline -> objects) -> reconcile (pure decisions)
         -> kube (API I/O) -> handlers (kopf wiring) -> cli
 
-The data plane (``eop_spark``) is imported for its spec models and, lazily,
-by ``eop run``; it never imports this package.
+The data plane is imported only through its contract (``eop_spark.contract``:
+spec models, run config, errors, and ``kafka_access`` for the health checks'
+reads of the progress group) and, lazily, by ``eop run``, ``eop executor`` and
+``eop checkpoint delete``; it never imports this package (the import contracts
+in ``pyproject.toml`` hold both).
 """
 
 #: API group, version and kind of the custom resource.

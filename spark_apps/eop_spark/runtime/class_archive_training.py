@@ -28,9 +28,9 @@ from eop_spark.speedups.class_archive import cache_archive
 
 #: How long a training run may take.
 TRAIN_TIMEOUT_S = 600
-#: This module, run in a fresh process for the training (``__name__`` is ``__main__`` when
-#: it runs as ``python -m``).
-TRAINING_MODULE = "eop_spark.runtime.class_archive_training"
+#: This module, run in a fresh process for the training (its spec's name: ``__name__`` is
+#: ``__main__`` when it runs as ``python -m``).
+TRAINING_MODULE = __spec__.name if __spec__ is not None else __name__
 
 
 @contextlib.contextmanager
