@@ -16,14 +16,14 @@ task path                   runs when                                 why it exi
 the executor's JVM, with    by default: the session has the writer's  the rows never leave the JVM
 the Java producer           jar (built from the Java source on first  (no Arrow batches, no Python
 (PartitionedWriter.java;    use, or in the image), the run may        worker, no librdkafka): the
-JvmTasks in driver.py,      commit partitioned, every security        fastest path, ~0.9 of the rate
+JvmTasks in driver.py,      commit partitioned, and every security    fastest path, ~0.9 of the rate
 jvm_writer.py)              setting of the sink has a Java client     of Spark's own sink
-                            equivalent, and EOP_NO_JVM_WRITER is not
-                            1
+                            equivalent (EOP_NO_JVM_WRITER=1 turns it
+                            off)
 
 a Python worker, through    fallback: no JVM writer, the executor's   one producer per transactional
-the executor's producer     worker daemon started a hub               id for the executor's life,
-hub                         (EOP_NO_PRODUCER_HUB is not 1), and the   whichever worker runs the
+the executor's producer     worker daemon started a hub (unless       id for the executor's life,
+hub                         EOP_NO_PRODUCER_HUB is set), and the      whichever worker runs the
 (speedups/producer_hub.py)  task's first Arrow batch is under 4 MiB   task: no init_transactions per
                                                                       task when Spark moves a
                                                                       partition between workers
