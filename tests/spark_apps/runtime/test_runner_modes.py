@@ -14,7 +14,13 @@ from tests.spark_apps.conftest import PipelineFactory
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 
-def run_to_the_end(pipeline: Pipeline, sql: str, **kafka: dict[str, Any]) -> Runner:
+#: The partitioned tasks in Python workers (the JVM writer off), where the producer hub serves.
+PYTHON_TASKS = {"EOP_NO_JVM_WRITER": "1"}
+
+
+def run_to_the_end(
+    pipeline: Pipeline, sql: str, env: dict[str, str] | None = None, **kafka: dict[str, Any]
+) -> Runner:
     """Run ``sql`` over the input there is (availableNow) and check the runner exits 0.
 
     ``source``/``sink``: Kafka settings of that side (the broker is added).
@@ -22,7 +28,7 @@ def run_to_the_end(pipeline: Pipeline, sql: str, **kafka: dict[str, Any]) -> Run
     servers = pipeline.broker.bootstrap_servers
     sections = {side: {"kafka": {"bootstrapServers": servers, **s}} for side, s in kafka.items()}
     config = pipeline.config(transform={"sql": sql}, trigger={"availableNow": True}, **sections)
-    runner = pipeline.start(config)
+    runner = pipeline.start(config, env=env)
     assert runner.wait(300) == 0, runner.tail()
     return runner
 
@@ -61,7 +67,8 @@ def test_partitioned_keeps_its_producers_from_batch_to_batch(
 
     Spark hands a partition's task to whichever Python worker is idle; with
     producers kept in the workers, one worker's producer took the id over from
-    the other's, and that one counted as fenced at its next use.
+    the other's, and that one counted as fenced at its next use.  (The tasks
+    run in Python workers here: in the JVM writer no worker holds a producer.)
     """
     pipeline = make_pipeline()
     produce(
@@ -72,6 +79,7 @@ def test_partitioned_keeps_its_producers_from_batch_to_batch(
     runner = run_to_the_end(
         pipeline,
         "SELECT key, value FROM source",
+        PYTHON_TASKS,
         source={"topics": [pipeline.source_topic], "maxOffsetsPerTrigger": 500},
     )
     batches = runner.batches()
@@ -109,6 +117,7 @@ def test_partitioned_copies_big_records_from_the_workers_whole_and_once(
     runner = run_to_the_end(
         pipeline,
         "SELECT key, value FROM source",
+        PYTHON_TASKS,
         source={"topics": [pipeline.source_topic], "maxOffsetsPerTrigger": per_batch},
     )
 
