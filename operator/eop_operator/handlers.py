@@ -6,14 +6,13 @@ module only moves data between kopf, the API server and those functions.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from pydantic import ValidationError
@@ -24,7 +23,8 @@ from eop_operator.api.models import ExactlyOncePipeline, PipelineStatus, Retenti
 from eop_operator.api.resolve import IdentityChanged, resolve_identity
 from eop_operator.kube.client import KubeClient
 from eop_operator.kube.events import post_event
-from eop_operator.lifecycle import Renderer, drive, quiesce
+from eop_operator.kube.observed import OWN_WRITES, Observed, PipelineKey, pipeline_key, slim
+from eop_operator.lifecycle import Renderer, drive, due, quiesce
 from eop_operator.reconcile.admission import (
     Claimant,
     IdentityTaken,
@@ -51,14 +51,24 @@ from eop_operator.render.rbac import DEFAULT_DRIVER_ROLE, DriverRole
 FINALIZER = f"{GROUP}/finalizer"
 #: Annotation prefix for kopf's own bookkeeping on our objects.
 KOPF_PREFIX = f"kopf.{GROUP}"
-#: How often each pipeline's timeouts and backoffs are looked at.
+#: How often each pipeline's timer asks whether its next look is due (lifecycle.due).
 TIMER_SECONDS = 5.0
-#: Settled pipelines (events drive them) are looked at by the timer this rarely.
-SETTLED_SECONDS = 60.0
 #: After a failed lifecycle step (an API error), the next try; kopf's default is 60 s, and
 #: while an upgrade waits for its own apply no event would come to drive it sooner.
 RETRY_SECONDS = 5.0
-SETTLED_PHASES = ("Running", "Suspended")
+
+#: What the operator manages carries this label; its watches see nothing else.
+MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
+DRIVER_POD = {**MANAGED, "app.kubernetes.io/component": "driver"}
+#: The watched kinds the lifecycle reads (group, version, plural), besides the pipelines.
+STATEFULSETS = ("apps", "v1", "statefulsets")
+PODS = ("", "v1", "pods")
+CLAIMS = ("", "v1", "persistentvolumeclaims")
+CONFIG_MAPS = ("", "v1", "configmaps")
+SERVICES = ("", "v1", "services")
+SERVICE_ACCOUNTS = ("", "v1", "serviceaccounts")
+ROLE_BINDINGS = ("rbac.authorization.k8s.io", "v1", "rolebindings")
+WATCHED = (STATEFULSETS, PODS, CLAIMS, CONFIG_MAPS, SERVICES, SERVICE_ACCOUNTS, ROLE_BINDINGS)
 
 
 @dataclass
@@ -107,18 +117,55 @@ def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
     return connection_info(settings)
 
 
+#: A field path as kopf's handlers name it ("spec.x", or its parts).
+FieldSpec = str | tuple[str, ...] | list[str] | None
+
+
+class SpecDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf's record of a pipeline's last handled spec, built from the spec alone.
+
+    kopf compares an "essence" (spec, labels, annotations) with the last handled
+    one at every event of every watched object, and builds it from a deep copy
+    of the whole body: status and managedFields, dropped right after, were most
+    of the operator's CPU in a burst of new pipelines.  Only pipelines have
+    handlers of spec changes; other kinds get an empty essence.
+    """
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[FieldSpec] | None = None
+    ) -> kopf.BodyEssence:
+        """The essence kopf compares, from a copy of what it keeps of the body."""
+        fields = list(extra_fields or ())
+        if body.get("kind") != KIND:
+            return kopf.BodyEssence()
+        roots = {(f.split(".") if isinstance(f, str) else list(f or ("",)))[0] for f in fields}
+        if roots & {"metadata", "status"}:
+            return super().build(body=body, extra_fields=fields)
+        meta = body.get("metadata") or {}
+        kept = {key: value for key, value in body.items() if key not in ("metadata", "status")}
+        kept["metadata"] = {
+            key: meta[key] for key in ("name", "namespace", "labels", "annotations") if key in meta
+        }
+        return super().build(body=kopf.Body(cast(kopf.RawBody, kept)), extra_fields=fields)
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Keep kopf's state on our own keys, post only warnings as events, open the client."""
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = SpecDiffBase(
         prefix=KOPF_PREFIX, key="last-handled-configuration"
     )
     # Our events are posted by kube.events; kopf posts only its own warnings and errors.
     settings.posting.level = logging.WARNING
     # Least privilege: no cluster-wide CRD or namespace listing; resources are named explicitly.
     settings.scanning.disabled = True
+    # Server-side: the namespace's other pods, ConfigMaps... never reach the operator.
+    for resource in WATCHED:
+        settings.watching.label_selectors[resource] = ",".join(
+            f"{k}={v}" for k, v in MANAGED.items()
+        )
     settings.watching.server_timeout = 270
     # A deleted pipeline waits for its timer and health daemon to stop.  kopf gives them a
     # few event-loop cycles, then looks again only every 60 s: a timer caught mid-step made
@@ -166,19 +213,53 @@ def _report(
     )
 
 
-@kopf.index("apps", "v1", "statefulsets", labels={"app.kubernetes.io/managed-by": MANAGED_BY})
-def driver_host_ports(namespace: str | None, body: kopf.Body, **_: Any) -> dict[str, list[int]]:
+def _by_pipeline(body: kopf.Body) -> dict[PipelineKey, dict[str, Any]]:
+    key = pipeline_key(body)
+    return {key: slim(body)} if key is not None else {}
+
+
+# What the lifecycle reads (kube.observed): a slim copy of each pipeline, and of each
+# object the operator manages, by pipeline.  kopf fills every index before it runs a
+# handler.  One index of all children: kopf keys an index by its function, whatever kinds
+# feed it.
+@kopf.index(GROUP, VERSION, PLURAL)
+async def pipelines(body: kopf.Body, **_: Any) -> dict[PipelineKey, dict[str, Any]]:
+    """Each pipeline as last seen."""
+    return _by_pipeline(body)
+
+
+@kopf.index(*STATEFULSETS, labels=MANAGED)
+@kopf.index(*PODS, labels=DRIVER_POD)
+@kopf.index(*CLAIMS, labels=MANAGED)
+@kopf.index(*CONFIG_MAPS, labels=MANAGED)
+@kopf.index(*SERVICES, labels=MANAGED)
+@kopf.index(*SERVICE_ACCOUNTS, labels=MANAGED)
+@kopf.index(*ROLE_BINDINGS, labels=MANAGED)
+async def children(body: kopf.Body, **_: Any) -> dict[PipelineKey, dict[str, Any]]:
+    """Each pipeline's children (and driver pods), every kind."""
+    return _by_pipeline(body)
+
+
+def _observed(kwargs: dict[str, Any]) -> Observed:
+    """The lifecycle's view: the indices above and the operator's own writes."""
+    return Observed(pipelines=kwargs["pipelines"], children=kwargs["children"])
+
+
+@kopf.index(*STATEFULSETS, labels=MANAGED)
+async def driver_host_ports(
+    namespace: str | None, body: kopf.Body, **_: Any
+) -> dict[str, list[int]]:
     """Per pipeline id, the metrics host port its driver StatefulSet holds (host network)."""
     pipeline = body.metadata.labels.get(PIPELINE_LABEL)
-    template = plain(body.get("spec", {}).get("template", {}))
+    template = body.get("spec", {}).get("template", {})
     port = metrics_host_port_of(template.get("spec", {}))
     return {f"{namespace}.{pipeline}": [port]} if pipeline and port is not None else {}
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def pipeline_identities(body: kopf.Body, **_: Any) -> dict[str, list[Claimant]]:
+async def pipeline_identities(body: kopf.Body, **_: Any) -> dict[str, list[Claimant]]:
     """Per transactional id prefix and progress group, the pipelines that hold it."""
-    return claimed_identities(plain(body))
+    return claimed_identities(body)
 
 
 def _admit(pipeline: ExactlyOncePipeline, held: kopf.Index[str, list[Claimant]]) -> None:
@@ -232,7 +313,15 @@ async def _drive(
     pod: dict[str, Any] | None = None,
 ) -> None:
     render = _renderer(kwargs["driver_host_ports"], kwargs["pipeline_identities"])
-    await drive(memo.client, namespace, name, render, invalid=(HostPortsExhausted,), pod=pod)
+    await drive(
+        memo.client,
+        _observed(kwargs),
+        namespace,
+        name,
+        render,
+        invalid=(HostPortsExhausted,),
+        pod=pod,
+    )
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL, backoff=RETRY_SECONDS)
@@ -260,18 +349,10 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwarg
     initial_delay=TIMER_SECONDS,
     backoff=RETRY_SECONDS,
 )
-async def lifecycle_timer(
-    meta: kopf.Meta, status: kopf.Status, memo: kopf.Memo, **kwargs: Any
-) -> None:
-    """Timeouts and backoffs of upgrades in flight; a periodic look at settled pipelines."""
-    if meta.namespace is None or meta.name is None:
+async def lifecycle_timer(meta: kopf.Meta, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Look at a pipeline when its last step asked to (timeouts, backoffs, periodic looks)."""
+    if meta.namespace is None or meta.name is None or not due(meta.namespace, meta.name):
         return
-    now = asyncio.get_running_loop().time()
-    settled = not status.get("upgrade") and status.get("phase") in SETTLED_PHASES
-    # kopf's memo is per object: remember when this pipeline was last looked at in full.
-    if settled and now - memo.get("lifecycle_looked_at", -SETTLED_SECONDS) < SETTLED_SECONDS:
-        return
-    memo["lifecycle_looked_at"] = now
     await _drive(memo, meta.namespace, meta.name, kwargs)
 
 
@@ -283,25 +364,39 @@ def _owner(body: kopf.Body) -> str | None:
     return None if owner is None else str(owner["name"])
 
 
-@kopf.on.event("apps", "v1", "statefulsets", labels={"app.kubernetes.io/managed-by": MANAGED_BY})
-async def driver_changed(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+@kopf.on.event(*STATEFULSETS, labels=MANAGED)
+async def driver_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """A driver StatefulSet changed: mirror its readiness, take the next lifecycle step."""
+    if type == "DELETED":
+        OWN_WRITES.forget(body)
     name, namespace = _owner(body), body.metadata.namespace
     if name is not None and namespace is not None:
         await _drive(memo, namespace, name, kwargs)
 
 
-@kopf.on.event(
-    "",
-    "v1",
-    "pods",
-    labels={"app.kubernetes.io/managed-by": MANAGED_BY, "app.kubernetes.io/component": "driver"},
-)
+@kopf.on.event(*PODS, labels=DRIVER_POD)
 async def driver_pod_changed(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """A driver pod changed (started, Ready, ended, gone): take the next lifecycle step."""
     name, namespace = body.metadata.labels.get(PIPELINE_LABEL), body.metadata.namespace
     if name is not None and namespace is not None:
         await _drive(memo, namespace, name, kwargs, pod=plain(body))
+
+
+@kopf.on.event(*CLAIMS, labels=MANAGED)
+@kopf.on.event(*CONFIG_MAPS, labels=MANAGED)
+@kopf.on.event(*SERVICES, labels=MANAGED)
+@kopf.on.event(*SERVICE_ACCOUNTS, labels=MANAGED)
+@kopf.on.event(*ROLE_BINDINGS, labels=MANAGED)
+async def child_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Another child was deleted or written: the lifecycle applies it again if out of sync.
+
+    The echo of the operator's own apply changes nothing the lifecycle reads: no step.
+    """
+    if type == "DELETED":
+        OWN_WRITES.forget(body)
+    key = pipeline_key(body)
+    if key is not None:
+        await _drive(memo, *key, kwargs)
 
 
 def checkpoint_on_delete(body: Mapping[str, Any]) -> tuple[str | None, bool]:

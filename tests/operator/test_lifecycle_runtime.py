@@ -19,10 +19,10 @@ from eop_operator import handlers, lifecycle  # noqa: F401  (handlers: registers
 
 
 class _NoCalls:
-    """An API client that must not be used."""
+    """An API client (or view of the watches) that must not be used."""
 
     def __getattr__(self, name: str) -> Any:
-        raise AssertionError(f"the API client was used after the exit began ({name})")
+        raise AssertionError(f"the API was used after the exit began ({name})")
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +46,7 @@ def test_exit_waits_for_the_step_under_way_then_takes_no_new_step() -> None:
         lock.release()
         assert await exiting is True
         # A trigger that arrives during the exit (a timer, a pod event) does nothing.
-        assert await lifecycle.drive(_NoCalls(), "ns", "other", _render) is None  # type: ignore[arg-type]
+        assert await lifecycle.drive(_NoCalls(), _NoCalls(), "ns", "other", _render) is None  # type: ignore[arg-type]
 
     asyncio.run(scenario())
 

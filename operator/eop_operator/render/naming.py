@@ -14,6 +14,8 @@ ANNOTATION_PREFIX = "exactlyonce.io"
 SPEC_HASH_ANNOTATION = f"{ANNOTATION_PREFIX}/spec-hash"
 RESTART_NONCE_ANNOTATION = f"{ANNOTATION_PREFIX}/restart-nonce"
 GENERATION_ANNOTATION = f"{ANNOTATION_PREFIX}/checkpoint-generation"
+#: On every child the operator applies: the hash of what it rendered (reconcile.children).
+RENDERED_HASH_ANNOTATION = f"{ANNOTATION_PREFIX}/rendered-hash"
 MANAGED_BY = "eop-operator"
 
 
