@@ -92,8 +92,8 @@ CONTROLLER_SECONDS = 2.0
 #: The namespace's Warning events are listed at most this often (all its pipelines share
 #: the list: a burst of new pipelines would list them at every step).
 WARNINGS_SECONDS = 10.0
-#: The last list of Warning events per namespace (event-loop time, the events).
-_WARNINGS: dict[str, tuple[float, list[WarningEvent]]] = {}
+#: The last list of Warning events per namespace (event-loop time, the list under way or done).
+_WARNINGS: dict[str, tuple[float, asyncio.Future[list[WarningEvent]]]] = {}
 
 
 @dataclass
@@ -112,8 +112,6 @@ class _Memory:
     look_at: float = 0.0
     #: The versions of what the last step that waited read (``Observed.versions``).
     seen: Versions = field(default_factory=dict)
-    #: The pipeline validated at its (uid, resourceVersion): one validation per version.
-    model: tuple[tuple[Any, Any], ExactlyOncePipeline] | None = None
 
 
 _MEMORY: dict[PipelineKey, _Memory] = {}
@@ -305,10 +303,25 @@ async def apply_children(
 
 
 async def _warnings(client: KubeClient, namespace: str, clock: float) -> list[WarningEvent]:
-    """The namespace's Warning events: one list, at most every ``WARNINGS_SECONDS``."""
+    """The namespace's Warning events: one list at a time, at most every ``WARNINGS_SECONDS``.
+
+    An operator start looks at all pipelines of a namespace at once: they share one list.
+    """
     cached = _WARNINGS.get(namespace)
-    if cached is not None and clock - cached[0] < WARNINGS_SECONDS:
-        return cached[1]
+    if cached is None or clock - cached[0] >= WARNINGS_SECONDS:
+        for stale in [ns for ns, (at, _) in _WARNINGS.items() if clock - at >= WARNINGS_SECONDS]:
+            del _WARNINGS[stale]  # no pipeline of these namespaces waits for its driver now
+        cached = (clock, asyncio.ensure_future(_list_warnings(client, namespace)))
+        _WARNINGS[namespace] = cached
+    try:
+        return await asyncio.shield(cached[1])
+    except BaseException:
+        if _WARNINGS.get(namespace) is cached:
+            del _WARNINGS[namespace]  # a failed list is not kept: the next step lists again
+        raise
+
+
+async def _list_warnings(client: KubeClient, namespace: str) -> list[WarningEvent]:
     try:
         events = await client.list_objects("v1", "Event", namespace, field_selector="type=Warning")
     except KubeError as exc:
@@ -317,9 +330,7 @@ async def _warnings(client: KubeClient, namespace: str, clock: float) -> list[Wa
         # An older chart's RBAC: the status says less, the lifecycle goes on.
         log.warning("cannot list events in %s (%s): conditions give fewer causes", namespace, exc)
         events = []
-    warnings = [WarningEvent.from_event(event) for event in events]
-    _WARNINGS[namespace] = (clock, warnings)
-    return warnings
+    return [WarningEvent.from_event(event) for event in events]
 
 
 def _memoized(render: Renderer, pipeline: ExactlyOncePipeline) -> Callable[[int, bool], Any]:
@@ -353,10 +364,7 @@ async def _step(
     departed: list[dict[str, Any]],
 ) -> float | None:
     """One decision and its action: a float means "look again in that long", None "now"."""
-    version = (body["metadata"].get("uid"), body["metadata"].get("resourceVersion"))
-    if memory.model is None or memory.model[0] != version:
-        memory.model = (version, load_pipeline(body))
-    pipeline = memory.model[1]
+    pipeline = load_pipeline(body)
     identity = resolve_identity(pipeline)
     run, running_stable = spec_to_run(pipeline)
     rendered = _memoized(render, run)

@@ -152,20 +152,18 @@ async def check_progress(
     pipeline: ExactlyOncePipeline,
     watch: ProgressWatch,
     pod: dict[str, Any] | None,
-) -> Health | None:
-    """One check: read offsets, report them, restart a stalled driver. None if unreadable.
+) -> Health | str:
+    """One check: read offsets, report them, restart a stalled driver; if unreadable, why.
 
-    ``pod`` is the driver pod as the watch last saw it (None: there is none).
+    ``pod`` is the driver pod as the watch last saw it (None: there is none).  The
+    reason offsets are unreadable is for ``status.progress.message`` (see ``_check_once``).
     """
     meta = pipeline.metadata
     try:
         group = resolve_identity(pipeline).progress_group
         observation = await observe_progress(client, pipeline, group)
     except (ProgressUnavailable, IdentityChanged) as exc:
-        await _patch_status(
-            client, pipeline, {"progress": {"message": str(exc), "checkedAt": _stamp(time.time())}}
-        )
-        return None
+        return str(exc)
     watch.history = observe(watch.history, observation)
     pod_name = driver_pod_name(pipeline)
     since = ready_since(pod)
@@ -272,33 +270,52 @@ async def _watch_once(
 ) -> None:
     """One round of the daemon: count the phase, check progress, sleep an interval."""
     metrics.set_phase(namespace, name, body.get("status", {}).get("phase"))
+    # The pipeline is read only once it is this daemon's turn: the waiting ones hold nothing.
+    async with _kafka_turn():
+        interval = await _check_once(body, memo, watch, pods)
+    await stopped.wait(interval)
+
+
+async def _check_once(
+    body: kopf.Body, memo: kopf.Memo, watch: ProgressWatch, pods: WatchIndex
+) -> float:
+    """Check progress and keep it alive as needed; return the seconds until the next round."""
     try:
         pipeline = load_pipeline(body)  # the live body: spec edits apply at the next check
     except InvalidPipeline:
-        await stopped.wait(INVALID_RETRY_S)
-        return
+        return INVALID_RETRY_S
     interval = duration_ms(pipeline.spec.health.check_interval) / 1000
     deleting = bool(body.metadata.get("deletionTimestamp"))
-    async with _kafka_turn():
-        if not pipeline.spec.suspend and not deleting:
-            try:
-                await check_progress(
-                    memo.client, body, pipeline, watch, _driver_pod(pods, pipeline)
-                )
-            except (KubeError, OSError) as exc:
-                log.warning("health check of %s failed: %s", pipeline.pipeline_id, exc)
-        else:
-            # A resumed pipeline gets a fresh window.
-            watch.history, watch.restarted_at = None, None
-        if not deleting:
-            try:
-                await keep_alive_without_driver(
-                    memo.client, pipeline, watch, _driver_pod(pods, pipeline)
-                )
-            except (KubeError, OSError) as exc:
-                log.warning("keeping %s's progress failed: %s", pipeline.pipeline_id, exc)
-            interval = min(interval, watch.refresh.interval_s or interval)
-    await stopped.wait(interval)
+    problem = None  # what status.progress.message says after this round
+    if not pipeline.spec.suspend and not deleting:
+        try:
+            outcome = await check_progress(
+                memo.client, body, pipeline, watch, _driver_pod(pods, pipeline)
+            )
+            problem = outcome if isinstance(outcome, str) else None
+        except (KubeError, OSError) as exc:
+            log.warning("health check of %s failed: %s", pipeline.pipeline_id, exc)
+    else:
+        # A resumed pipeline gets a fresh window.
+        watch.history, watch.restarted_at = None, None
+    if not deleting:
+        try:
+            failed = await keep_alive_without_driver(
+                memo.client, pipeline, watch, _driver_pod(pods, pipeline)
+            )
+            if failed and problem is None:  # a failed check says it first
+                problem = f"no driver runs: {failed}"
+        except (KubeError, OSError) as exc:
+            log.warning("keeping %s's progress failed: %s", pipeline.pipeline_id, exc)
+        interval = min(interval, watch.refresh.interval_s or interval)
+    if problem is not None:
+        # One write for both: an unreachable broker fails the check and the refresh alike.
+        progress = {"message": problem, "checkedAt": _stamp(time.time())}
+        try:
+            await _patch_status(memo.client, pipeline, {"progress": progress})
+        except (KubeError, OSError) as exc:
+            log.warning("reporting %s's progress failed: %s", pipeline.pipeline_id, exc)
+    return interval
 
 
 async def keep_alive_without_driver(
@@ -306,21 +323,18 @@ async def keep_alive_without_driver(
     pipeline: ExactlyOncePipeline,
     watch: ProgressWatch,
     pod: dict[str, Any] | None,
-) -> None:
+) -> str | None:
     """Refresh a pipeline's progress group when due, if no container of its driver runs.
 
     Suspended, crash-looping, scaled to zero: see ``health.keep_alive.driver_runs``
-    (``pod``: the driver pod as the watch last saw it).  A failure is written to
-    ``status.progress.message`` and tried again at the next check.
+    (``pod``: the driver pod as the watch last saw it).  Returns why a refresh failed
+    (for ``status.progress.message``; tried again at the next check), else None.
     """
     if driver_runs(pod):
-        return  # its runner keeps G alive (a stopping one may still commit)
+        return None  # its runner keeps G alive (a stopping one may still commit)
     try:
         access = await kafka_access(client, pipeline)
         await keep_progress_alive(access, pipeline, watch.refresh)
     except (ProgressUnavailable, IdentityChanged) as exc:
-        await _patch_status(
-            client,
-            pipeline,
-            {"progress": {"message": f"no driver runs: {exc}", "checkedAt": _stamp(time.time())}},
-        )
+        return str(exc)
+    return None
