@@ -12,14 +12,14 @@ import logging
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import kopf
 from pydantic import ValidationError
 
-from eop_operator import GROUP, KIND, PLURAL, VERSION
+from eop_operator import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from eop_operator.api.load import InvalidPipeline, load_pipeline, plain
-from eop_operator.api.models import ExactlyOncePipeline, PipelineStatus, Retention
+from eop_operator.api.models import ExactlyOncePipeline, Phase, PipelineStatus, Retention
 from eop_operator.api.resolve import IdentityChanged, resolve_identity
 from eop_operator.kube.client import KubeClient
 from eop_operator.kube.events import post_event
@@ -33,7 +33,7 @@ from eop_operator.reconcile.admission import (
     identity_keys,
     shipped_transform_problem,
 )
-from eop_operator.reconcile.status import DriverObservation, judge, ready_column, status_patch
+from eop_operator.reconcile.status import judge, ready_column, status_patch
 from eop_operator.render import MissingImage, RenderedPipeline, render_pipeline
 from eop_operator.render.naming import (
     MANAGED_BY,
@@ -117,36 +117,31 @@ def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
     return connection_info(settings)
 
 
-#: A field path as kopf's handlers name it ("spec.x", or its parts).
-FieldSpec = str | tuple[str, ...] | list[str] | None
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No record of a pipeline's last handled spec: the operator has no spec-change handlers.
 
-
-class SpecDiffBase(kopf.AnnotationsDiffBaseStorage):
-    """kopf's record of a pipeline's last handled spec, built from the spec alone.
-
-    kopf compares an "essence" (spec, labels, annotations) with the last handled
-    one at every event of every watched object, and builds it from a deep copy
-    of the whole body: status and managedFields, dropped right after, were most
-    of the operator's CPU in a burst of new pipelines.  Only pipelines have
-    handlers of spec changes; other kinds get an empty essence.
+    The lifecycle compares the spec's fingerprint with ``status.appliedFingerprint`` itself
+    (level-based), so kopf need not keep the last handled spec in an annotation: that was a
+    second write to every new pipeline, and to every spec change.  kopf also built the
+    record's "essence" from a deep copy of every body of every watched object, status and
+    managedFields included: most of the operator's CPU in a burst of new pipelines.
     """
 
     def build(
-        self, *, body: kopf.Body, extra_fields: Iterable[FieldSpec] | None = None
+        self,
+        *,
+        body: kopf.Body,
+        extra_fields: Iterable[str | tuple[str, ...] | list[str] | None] | None = None,
     ) -> kopf.BodyEssence:
-        """The essence kopf compares, from a copy of what it keeps of the body."""
-        fields = list(extra_fields or ())
-        if body.get("kind") != KIND:
-            return kopf.BodyEssence()
-        roots = {(f.split(".") if isinstance(f, str) else list(f or ("",)))[0] for f in fields}
-        if roots & {"metadata", "status"}:
-            return super().build(body=body, extra_fields=fields)
-        meta = body.get("metadata") or {}
-        kept = {key: value for key, value in body.items() if key not in ("metadata", "status")}
-        kept["metadata"] = {
-            key: meta[key] for key in ("name", "namespace", "labels", "annotations") if key in meta
-        }
-        return super().build(body=kopf.Body(cast(kopf.RawBody, kept)), extra_fields=fields)
+        """Nothing to compare."""
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        """Nothing recorded."""
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        """Nothing to record."""
 
 
 @kopf.on.startup()
@@ -154,9 +149,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     """Keep kopf's state on our own keys, post only warnings as events, open the client."""
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
-    settings.persistence.diffbase_storage = SpecDiffBase(
-        prefix=KOPF_PREFIX, key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = NoDiffBase()
     # Our events are posted by kube.events; kopf posts only its own warnings and errors.
     settings.posting.level = logging.WARNING
     # Least privilege: no cluster-wide CRD or namespace listing; resources are named explicitly.
@@ -188,28 +181,38 @@ async def close(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     await memo.client.close()
 
 
-def _report(
-    body: kopf.Body,
-    patch: kopf.Patch,
-    *,
-    suspend: bool,
-    driver: DriverObservation | None,
-    error: str | None = None,
-) -> None:
-    """Write phase and conditions into ``patch`` (kopf applies it after the handler)."""
+async def _refuse(client: KubeClient, body: kopf.Body, exc: Exception) -> None:
+    """Say why a pipeline cannot run: a Warning event and the status, once per generation."""
     try:
         previous = PipelineStatus.model_validate(plain(body.get("status", {})))
     except ValidationError:
         previous = PipelineStatus()
-    verdict = judge(suspend=suspend, driver=driver, error=error)
-    patch.status.update(
-        status_patch(
-            verdict,
-            previous=previous,
-            generation=body.metadata.get("generation"),
-            ready=ready_column(driver, suspend=suspend),
-            now=_now(),
-        )
+    generation = body.metadata.get("generation")
+    said = [c.message for c in previous.conditions if c.type == "Ready"]
+    if (previous.phase, previous.observed_generation, said) == (
+        Phase.INVALID,
+        generation,
+        [str(exc)],
+    ):
+        return  # said already: every event of the pipeline comes here
+    reason = "IdentityInUse" if isinstance(exc, IdentityTaken) else "InvalidSpec"
+    await post_event(client, body, type="Warning", reason=reason, message=str(exc))
+    verdict = judge(suspend=False, driver=None, error=str(exc))
+    status = status_patch(
+        verdict,
+        previous=previous,
+        generation=generation,
+        ready=ready_column(None, suspend=False),
+        now=_now(),
+    )
+    meta = body.metadata
+    await client.patch(
+        API_VERSION,
+        KIND,
+        str(meta.namespace),
+        str(meta.name),
+        {"status": status},
+        subresource="status",
     )
 
 
@@ -324,20 +327,30 @@ async def _drive(
     )
 
 
-@kopf.on.create(GROUP, VERSION, PLURAL, backoff=RETRY_SECONDS)
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec", backoff=RETRY_SECONDS)
-@kopf.on.resume(GROUP, VERSION, PLURAL, backoff=RETRY_SECONDS)
-async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any) -> None:
-    """Validate the spec, then let ``lifecycle.drive`` take the lifecycle's next steps."""
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def pipeline_changed(
+    type: str | None, body: kopf.Body, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    """A pipeline was created, changed, or listed at the start: check it, step its lifecycle.
+
+    Level-based: the lifecycle compares the spec with what it applied, so every event of a
+    pipeline comes here, and a step that would decide nothing new is skipped
+    (``lifecycle.drive``).  What only the operator can check is refused here, with an event
+    and the status (``Invalid``); a deleted pipeline is ``finalize``'s.
+    """
+    if type == "DELETED" or body.metadata.get("deletionTimestamp"):
+        return
+    if FINALIZER not in body.metadata.get("finalizers", []):
+        # kopf adds it first (a patch that fails on a newer version): the event of that
+        # patch comes back here.
+        return
     try:
         pipeline = load_pipeline(body)
         resolve_identity(pipeline)
         _renderer(kwargs["driver_host_ports"], kwargs["pipeline_identities"])(pipeline, 0, False)
     except (InvalidPipeline, IdentityChanged, MissingImage, HostPortsExhausted) as exc:
-        reason = "IdentityInUse" if isinstance(exc, IdentityTaken) else "InvalidSpec"
-        await post_event(memo.client, body, type="Warning", reason=reason, message=str(exc))
-        _report(body, patch, suspend=False, driver=None, error=str(exc))
-        raise kopf.PermanentError(str(exc)) from None
+        await _refuse(memo.client, body, exc)
+        return
     await _drive(memo, pipeline.metadata.namespace, pipeline.metadata.name, kwargs)
 
 
