@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
-from pydantic import ValidationError
 
-from eop_operator import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from eop_operator.api.load import InvalidPipeline, load_pipeline, plain
-from eop_operator.api.models import ExactlyOncePipeline, Phase, PipelineStatus, Retention
-from eop_operator.api.resolve import IdentityChanged, resolve_identity
+from eop_operator import GROUP, KIND, PLURAL, VERSION
+from eop_operator.api.load import InvalidPipeline, plain
+from eop_operator.api.models import ExactlyOncePipeline, Retention
+from eop_operator.api.resolve import resolve_identity
 from eop_operator.kube.client import KubeClient
 from eop_operator.kube.events import post_event
 from eop_operator.kube.observed import OWN_WRITES, Observed, PipelineKey, pipeline_key, slim
@@ -33,8 +32,7 @@ from eop_operator.reconcile.admission import (
     identity_keys,
     shipped_transform_problem,
 )
-from eop_operator.reconcile.status import judge, ready_column, status_patch
-from eop_operator.render import MissingImage, RenderedPipeline, render_pipeline
+from eop_operator.render import RenderedPipeline, render_pipeline
 from eop_operator.render.naming import (
     MANAGED_BY,
     PIPELINE_LABEL,
@@ -181,41 +179,6 @@ async def close(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     await memo.client.close()
 
 
-async def _refuse(client: KubeClient, body: kopf.Body, exc: Exception) -> None:
-    """Say why a pipeline cannot run: a Warning event and the status, once per generation."""
-    try:
-        previous = PipelineStatus.model_validate(plain(body.get("status", {})))
-    except ValidationError:
-        previous = PipelineStatus()
-    generation = body.metadata.get("generation")
-    said = [c.message for c in previous.conditions if c.type == "Ready"]
-    if (previous.phase, previous.observed_generation, said) == (
-        Phase.INVALID,
-        generation,
-        [str(exc)],
-    ):
-        return  # said already: every event of the pipeline comes here
-    reason = "IdentityInUse" if isinstance(exc, IdentityTaken) else "InvalidSpec"
-    await post_event(client, body, type="Warning", reason=reason, message=str(exc))
-    verdict = judge(suspend=False, driver=None, error=str(exc))
-    status = status_patch(
-        verdict,
-        previous=previous,
-        generation=generation,
-        ready=ready_column(None, suspend=False),
-        now=_now(),
-    )
-    meta = body.metadata
-    await client.patch(
-        API_VERSION,
-        KIND,
-        str(meta.namespace),
-        str(meta.name),
-        {"status": status},
-        subresource="status",
-    )
-
-
 def _by_pipeline(body: kopf.Body) -> dict[PipelineKey, dict[str, Any]]:
     key = pipeline_key(body)
     return {key: slim(body)} if key is not None else {}
@@ -335,8 +298,8 @@ async def pipeline_changed(
 
     Level-based: the lifecycle compares the spec with what it applied, so every event of a
     pipeline comes here, and a step that would decide nothing new is skipped
-    (``lifecycle.drive``).  What only the operator can check is refused here, with an event
-    and the status (``Invalid``); a deleted pipeline is ``finalize``'s.
+    (``lifecycle.drive``, which also refuses an invalid pipeline, with an event and the
+    status).  A deleted pipeline is ``finalize``'s.
     """
     if type == "DELETED" or body.metadata.get("deletionTimestamp"):
         return
@@ -344,14 +307,7 @@ async def pipeline_changed(
         # kopf adds it first (a patch that fails on a newer version): the event of that
         # patch comes back here.
         return
-    try:
-        pipeline = load_pipeline(body)
-        resolve_identity(pipeline)
-        _renderer(kwargs["driver_host_ports"], kwargs["pipeline_identities"])(pipeline, 0, False)
-    except (InvalidPipeline, IdentityChanged, MissingImage, HostPortsExhausted) as exc:
-        await _refuse(memo.client, body, exc)
-        return
-    await _drive(memo, pipeline.metadata.namespace, pipeline.metadata.name, kwargs)
+    await _drive(memo, str(body.metadata.namespace), str(body.metadata.name), kwargs)
 
 
 @kopf.timer(

@@ -19,13 +19,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from eop_operator import API_VERSION, KIND, metrics
 from eop_operator.api.load import InvalidPipeline, load_pipeline
-from eop_operator.api.models import ExactlyOncePipeline, Phase, UpgradeStep
+from eop_operator.api.models import ExactlyOncePipeline, Phase, PipelineStatus, UpgradeStep
 from eop_operator.api.resolve import IdentityChanged, resolve_identity
 from eop_operator.kube.client import KubeClient, KubeError
 from eop_operator.kube.events import post_event
 from eop_operator.kube.observed import CHILD_KINDS, Observed, PipelineKey, Versions
+from eop_operator.reconcile.admission import IdentityTaken
 from eop_operator.reconcile.children import (
     ChildRef,
     Version,
@@ -40,6 +43,7 @@ from eop_operator.reconcile.status import (
     Cause,
     DriverObservation,
     diagnose,
+    judge,
     lifecycle_verdict,
     pod_cause,
     ready_column,
@@ -179,12 +183,18 @@ async def drive(
 
     Reads what the watches delivered (``observed``), writes through ``client``.
     Returns how long until the next look (also what :func:`due` tells the
-    timer), None for a pipeline that is gone.  Invalid specs (and the ``invalid``
-    extra errors of ``render``) are left to the spec handler, which reports
-    them.  ``pod`` is a driver pod from a watch event: it may be gone already,
-    and its termination still counts.
+    timer), None for a pipeline that is gone.  An invalid spec (or an ``invalid``
+    extra error of ``render``) is refused (:func:`refuse`).  ``pod`` is a driver
+    pod from a watch event: it may be gone already, and its termination still
+    counts.
     """
     key = (namespace, name)
+    refusable: tuple[type[Exception], ...] = (
+        InvalidPipeline,
+        IdentityChanged,
+        MissingImage,
+        *invalid,
+    )
     lock = _LOCKS.setdefault(key, asyncio.Lock())
     async with lock:
         for _ in range(MAX_STEPS):
@@ -206,10 +216,9 @@ async def drive(
             memory.look_at = 0.0  # a step that fails is tried again at the next tick
             try:
                 wait = await _step(client, observed, body, render, memory, [pod] if pod else [])
-            except (InvalidPipeline, IdentityChanged, MissingImage):
-                wait = LOOK_SECONDS  # the spec handler reports it; looked at again later
-            except invalid:
-                wait = LOOK_SECONDS
+            except refusable as exc:
+                await refuse(client, observed, body, exc)
+                wait = LOOK_SECONDS  # what made it invalid may go (another pipeline's claim)
             if wait is not None:
                 # What the step read, as its own writes left it: whatever else changed
                 # meanwhile (an event during the step) is news for the next trigger.
@@ -232,6 +241,42 @@ def _wait(decision: Decision) -> float:
 def _news(patch: dict[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:
     """The entries of a status patch that change something (a decision repeats some)."""
     return {key: value for key, value in patch.items() if status.get(key) != value}
+
+
+async def refuse(
+    client: KubeClient, observed: Observed, body: dict[str, Any], exc: Exception
+) -> None:
+    """Say why a pipeline cannot run: a Warning event and the status, once per generation.
+
+    Nothing is created or changed for it (what is checked fails before anything is rendered).
+    """
+    try:
+        previous = PipelineStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        previous = PipelineStatus()
+    meta = body["metadata"]
+    generation = meta.get("generation")
+    said = [c.message for c in previous.conditions if c.type == "Ready"]
+    if (previous.phase, previous.observed_generation, said) == (
+        Phase.INVALID,
+        generation,
+        [str(exc)],
+    ):
+        return  # said already: every event of the pipeline comes here
+    reason = "IdentityInUse" if isinstance(exc, IdentityTaken) else "InvalidSpec"
+    await post_event(client, body, type="Warning", reason=reason, message=str(exc))
+    verdict = judge(suspend=False, driver=None, error=str(exc))
+    status = status_patch(
+        verdict,
+        previous=previous,
+        generation=generation,
+        ready=ready_column(None, suspend=False),
+        now=_now(),
+    )
+    written = await client.patch(
+        API_VERSION, KIND, meta["namespace"], meta["name"], {"status": status}, subresource="status"
+    )
+    observed.record(written, asyncio.get_running_loop().time())
 
 
 def _template_annotation(statefulset: dict[str, Any] | None, key: str) -> str | None:
