@@ -561,7 +561,11 @@ async def _apply(
     memory: _Memory,
     clock: float,
 ) -> float | None:
-    """Apply ``todo``, remember the answers; None ("look again now") when anything changed."""
+    """Apply ``todo`` and remember the answers; return when to look again.
+
+    None ("now") when what the API server refuses changed (the status says so), else
+    the moments its controllers take to answer: their events are the next look.
+    """
     applied, refused = await apply_children(client, todo)
     for ref, answer in applied.items():
         observed.record(answer, clock)
@@ -574,7 +578,7 @@ async def _apply(
         await post_event(
             client, body, type="Warning", reason="ApplyRefused", message="; ".join(refused)
         )
-    return None
+    return None if refused != before else CONTROLLER_SECONDS
 
 
 async def _write_status(
