@@ -23,7 +23,7 @@ from eop_operator.api.resolve import resolve_identity
 from eop_operator.kube.client import KubeClient
 from eop_operator.kube.events import post_event
 from eop_operator.kube.observed import OWN_WRITES, Observed, PipelineKey, pipeline_key, slim
-from eop_operator.lifecycle import Renderer, drive, due, quiesce
+from eop_operator.lifecycle import Renderer, drive, due, forget, quiesce
 from eop_operator.reconcile.admission import (
     Claimant,
     IdentityTaken,
@@ -301,7 +301,10 @@ async def pipeline_changed(
     (``lifecycle.drive``, which also refuses an invalid pipeline, with an event and the
     status).  A deleted pipeline is ``finalize``'s.
     """
-    if type == "DELETED" or body.metadata.get("deletionTimestamp"):
+    if type == "DELETED":
+        forget(_observed(kwargs), str(body.metadata.namespace), str(body.metadata.name))
+        return
+    if body.metadata.get("deletionTimestamp"):
         return
     if FINALIZER not in body.metadata.get("finalizers", []):
         # kopf adds it first (a patch that fails on a newer version): the event of that

@@ -131,6 +131,13 @@ def _memory(key: PipelineKey, clock: float) -> _Memory:
     return memory
 
 
+def forget(observed: Observed, namespace: str, name: str) -> None:
+    """Drop what the lifecycle remembers of a pipeline that is gone or going."""
+    _LOCKS.pop((namespace, name), None)
+    _MEMORY.pop((namespace, name), None)
+    observed.own.drop((namespace, name))
+
+
 def due(namespace: str, name: str) -> bool:
     """Whether the timer should look at the pipeline now (its last step said when)."""
     memory = _MEMORY.get((namespace, name))
@@ -203,9 +210,7 @@ async def drive(
             clock = asyncio.get_running_loop().time()
             body = observed.pipeline(namespace, name, clock)
             if body is None or body["metadata"].get("deletionTimestamp"):
-                _LOCKS.pop(key, None)
-                _MEMORY.pop(key, None)
-                observed.own.drop(key)
+                forget(observed, namespace, name)
                 return None
             memory = _memory(key, clock)
             seen = observed.versions(namespace, name, clock)
