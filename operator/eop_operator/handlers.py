@@ -6,25 +6,24 @@ module only moves data between kopf, the API server and those functions.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
-from pydantic import ValidationError
 
 from eop_operator import GROUP, KIND, PLURAL, VERSION
 from eop_operator.api.load import InvalidPipeline, load_pipeline, plain
-from eop_operator.api.models import ExactlyOncePipeline, PipelineStatus, Retention
-from eop_operator.api.resolve import IdentityChanged, resolve_identity
+from eop_operator.api.models import ExactlyOncePipeline, Retention
+from eop_operator.api.resolve import resolve_identity
 from eop_operator.kube.client import KubeClient
 from eop_operator.kube.events import post_event
-from eop_operator.lifecycle import Renderer, drive, quiesce
+from eop_operator.kube.observed import OWN_WRITES, Observed, PipelineKey, pipeline_key, slim
+from eop_operator.lifecycle import Renderer, drive, due, forget, quiesce
 from eop_operator.reconcile.admission import (
     Claimant,
     IdentityTaken,
@@ -33,7 +32,6 @@ from eop_operator.reconcile.admission import (
     identity_keys,
     shipped_transform_problem,
 )
-from eop_operator.reconcile.status import DriverObservation, judge, ready_column, status_patch
 from eop_operator.render import (
     MissingImage,
     RenderedPipeline,
@@ -58,14 +56,24 @@ from eop_operator.render.storage import render_checkpoint_deletion_job
 FINALIZER = f"{GROUP}/finalizer"
 #: Annotation prefix for kopf's own bookkeeping on our objects.
 KOPF_PREFIX = f"kopf.{GROUP}"
-#: How often each pipeline's timeouts and backoffs are looked at.
+#: How often each pipeline's timer asks whether its next look is due (lifecycle.due).
 TIMER_SECONDS = 5.0
-#: Settled pipelines (events drive them) are looked at by the timer this rarely.
-SETTLED_SECONDS = 60.0
 #: After a failed lifecycle step (an API error), the next try; kopf's default is 60 s, and
 #: while an upgrade waits for its own apply no event would come to drive it sooner.
 RETRY_SECONDS = 5.0
-SETTLED_PHASES = ("Running", "Suspended")
+
+#: What the operator manages carries this label; its watches see nothing else.
+MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
+DRIVER_POD = {**MANAGED, "app.kubernetes.io/component": "driver"}
+#: The watched kinds the lifecycle reads (group, version, plural), besides the pipelines.
+STATEFULSETS = ("apps", "v1", "statefulsets")
+PODS = ("", "v1", "pods")
+CLAIMS = ("", "v1", "persistentvolumeclaims")
+CONFIG_MAPS = ("", "v1", "configmaps")
+SERVICES = ("", "v1", "services")
+SERVICE_ACCOUNTS = ("", "v1", "serviceaccounts")
+ROLE_BINDINGS = ("rbac.authorization.k8s.io", "v1", "rolebindings")
+WATCHED = (STATEFULSETS, PODS, CLAIMS, CONFIG_MAPS, SERVICES, SERVICE_ACCOUNTS, ROLE_BINDINGS)
 
 
 @dataclass
@@ -114,18 +122,48 @@ def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
     return connection_info(settings)
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No record of a pipeline's last handled spec: the operator has no spec-change handlers.
+
+    The lifecycle compares the spec's fingerprint with ``status.appliedFingerprint`` itself
+    (level-based), so kopf need not keep the last handled spec in an annotation: that was a
+    second write to every new pipeline, and to every spec change.  kopf also built the
+    record's "essence" from a deep copy of every body of every watched object, status and
+    managedFields included: most of the operator's CPU in a burst of new pipelines.
+    """
+
+    def build(
+        self,
+        *,
+        body: kopf.Body,
+        extra_fields: Iterable[str | tuple[str, ...] | list[str] | None] | None = None,
+    ) -> kopf.BodyEssence:
+        """Nothing to compare."""
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        """Nothing recorded."""
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        """Nothing to record."""
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Keep kopf's state on our own keys, post only warnings as events, open the client."""
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=KOPF_PREFIX, key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = NoDiffBase()
     # Our events are posted by kube.events; kopf posts only its own warnings and errors.
     settings.posting.level = logging.WARNING
     # Least privilege: no cluster-wide CRD or namespace listing; resources are named explicitly.
     settings.scanning.disabled = True
+    # Server-side: the namespace's other pods, ConfigMaps... never reach the operator.
+    for resource in WATCHED:
+        settings.watching.label_selectors[resource] = ",".join(
+            f"{k}={v}" for k, v in MANAGED.items()
+        )
     settings.watching.server_timeout = 270
     # A deleted pipeline waits for its timer and health daemon to stop.  kopf gives them a
     # few event-loop cycles, then looks again only every 60 s: a timer caught mid-step made
@@ -148,44 +186,53 @@ async def close(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     await memo.client.close()
 
 
-def _report(
-    body: kopf.Body,
-    patch: kopf.Patch,
-    *,
-    suspend: bool,
-    driver: DriverObservation | None,
-    error: str | None = None,
-) -> None:
-    """Write phase and conditions into ``patch`` (kopf applies it after the handler)."""
-    try:
-        previous = PipelineStatus.model_validate(plain(body.get("status", {})))
-    except ValidationError:
-        previous = PipelineStatus()
-    verdict = judge(suspend=suspend, driver=driver, error=error)
-    patch.status.update(
-        status_patch(
-            verdict,
-            previous=previous,
-            generation=body.metadata.get("generation"),
-            ready=ready_column(driver, suspend=suspend),
-            now=_now(),
-        )
-    )
+def _by_pipeline(body: kopf.Body) -> dict[PipelineKey, dict[str, Any]]:
+    key = pipeline_key(body)
+    return {key: slim(body)} if key is not None else {}
 
 
-@kopf.index("apps", "v1", "statefulsets", labels={"app.kubernetes.io/managed-by": MANAGED_BY})
-def driver_host_ports(namespace: str | None, body: kopf.Body, **_: Any) -> dict[str, list[int]]:
+# What the lifecycle reads (kube.observed): a slim copy of each pipeline, and of each
+# object the operator manages, by pipeline.  kopf fills every index before it runs a
+# handler.  One index of all children: kopf keys an index by its function, whatever kinds
+# feed it.
+@kopf.index(GROUP, VERSION, PLURAL)
+async def pipelines(body: kopf.Body, **_: Any) -> dict[PipelineKey, dict[str, Any]]:
+    """Each pipeline as last seen."""
+    return _by_pipeline(body)
+
+
+@kopf.index(*STATEFULSETS, labels=MANAGED)
+@kopf.index(*PODS, labels=DRIVER_POD)
+@kopf.index(*CLAIMS, labels=MANAGED)
+@kopf.index(*CONFIG_MAPS, labels=MANAGED)
+@kopf.index(*SERVICES, labels=MANAGED)
+@kopf.index(*SERVICE_ACCOUNTS, labels=MANAGED)
+@kopf.index(*ROLE_BINDINGS, labels=MANAGED)
+async def children(body: kopf.Body, **_: Any) -> dict[PipelineKey, dict[str, Any]]:
+    """Each pipeline's children (and driver pods), every kind."""
+    return _by_pipeline(body)
+
+
+def _observed(kwargs: dict[str, Any]) -> Observed:
+    """The lifecycle's view: the indices above and the operator's own writes."""
+    return Observed(pipelines=kwargs["pipelines"], children=kwargs["children"])
+
+
+@kopf.index(*STATEFULSETS, labels=MANAGED)
+async def driver_host_ports(
+    namespace: str | None, body: kopf.Body, **_: Any
+) -> dict[str, list[int]]:
     """Per pipeline id, the metrics host port its driver StatefulSet holds (host network)."""
     pipeline = body.metadata.labels.get(PIPELINE_LABEL)
-    template = plain(body.get("spec", {}).get("template", {}))
+    template = body.get("spec", {}).get("template", {})
     port = metrics_host_port_of(template.get("spec", {}))
     return {f"{namespace}.{pipeline}": [port]} if pipeline and port is not None else {}
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def pipeline_identities(body: kopf.Body, **_: Any) -> dict[str, list[Claimant]]:
+async def pipeline_identities(body: kopf.Body, **_: Any) -> dict[str, list[Claimant]]:
     """Per transactional id prefix and progress group, the pipelines that hold it."""
-    return claimed_identities(plain(body))
+    return claimed_identities(body)
 
 
 def _admit(pipeline: ExactlyOncePipeline, held: kopf.Index[str, list[Claimant]]) -> None:
@@ -239,24 +286,38 @@ async def _drive(
     pod: dict[str, Any] | None = None,
 ) -> None:
     render = _renderer(kwargs["driver_host_ports"], kwargs["pipeline_identities"])
-    await drive(memo.client, namespace, name, render, invalid=(HostPortsExhausted,), pod=pod)
+    await drive(
+        memo.client,
+        _observed(kwargs),
+        namespace,
+        name,
+        render,
+        invalid=(HostPortsExhausted,),
+        pod=pod,
+    )
 
 
-@kopf.on.create(GROUP, VERSION, PLURAL, backoff=RETRY_SECONDS)
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec", backoff=RETRY_SECONDS)
-@kopf.on.resume(GROUP, VERSION, PLURAL, backoff=RETRY_SECONDS)
-async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any) -> None:
-    """Validate the spec, then let ``lifecycle.drive`` take the lifecycle's next steps."""
-    try:
-        pipeline = load_pipeline(body)
-        resolve_identity(pipeline)
-        _renderer(kwargs["driver_host_ports"], kwargs["pipeline_identities"])(pipeline, 0, False)
-    except (InvalidPipeline, IdentityChanged, MissingImage, HostPortsExhausted) as exc:
-        reason = "IdentityInUse" if isinstance(exc, IdentityTaken) else "InvalidSpec"
-        await post_event(memo.client, body, type="Warning", reason=reason, message=str(exc))
-        _report(body, patch, suspend=False, driver=None, error=str(exc))
-        raise kopf.PermanentError(str(exc)) from None
-    await _drive(memo, pipeline.metadata.namespace, pipeline.metadata.name, kwargs)
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def pipeline_changed(
+    type: str | None, body: kopf.Body, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    """A pipeline was created, changed, or listed at the start: check it, step its lifecycle.
+
+    Level-based: the lifecycle compares the spec with what it applied, so every event of a
+    pipeline comes here, and a step that would decide nothing new is skipped
+    (``lifecycle.drive``, which also refuses an invalid pipeline, with an event and the
+    status).  A deleted pipeline is ``finalize``'s.
+    """
+    if type == "DELETED":
+        forget(_observed(kwargs), str(body.metadata.namespace), str(body.metadata.name))
+        return
+    if body.metadata.get("deletionTimestamp"):
+        return
+    if FINALIZER not in body.metadata.get("finalizers", []):
+        # kopf adds it first (a patch that fails on a newer version): the event of that
+        # patch comes back here.
+        return
+    await _drive(memo, str(body.metadata.namespace), str(body.metadata.name), kwargs)
 
 
 @kopf.timer(
@@ -267,18 +328,10 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwarg
     initial_delay=TIMER_SECONDS,
     backoff=RETRY_SECONDS,
 )
-async def lifecycle_timer(
-    meta: kopf.Meta, status: kopf.Status, memo: kopf.Memo, **kwargs: Any
-) -> None:
-    """Timeouts and backoffs of upgrades in flight; a periodic look at settled pipelines."""
-    if meta.namespace is None or meta.name is None:
+async def lifecycle_timer(meta: kopf.Meta, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Look at a pipeline when its last step asked to (timeouts, backoffs, periodic looks)."""
+    if meta.namespace is None or meta.name is None or not due(meta.namespace, meta.name):
         return
-    now = asyncio.get_running_loop().time()
-    settled = not status.get("upgrade") and status.get("phase") in SETTLED_PHASES
-    # kopf's memo is per object: remember when this pipeline was last looked at in full.
-    if settled and now - memo.get("lifecycle_looked_at", -SETTLED_SECONDS) < SETTLED_SECONDS:
-        return
-    memo["lifecycle_looked_at"] = now
     await _drive(memo, meta.namespace, meta.name, kwargs)
 
 
@@ -290,25 +343,39 @@ def _owner(body: kopf.Body) -> str | None:
     return None if owner is None else str(owner["name"])
 
 
-@kopf.on.event("apps", "v1", "statefulsets", labels={"app.kubernetes.io/managed-by": MANAGED_BY})
-async def driver_changed(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+@kopf.on.event(*STATEFULSETS, labels=MANAGED)
+async def driver_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """A driver StatefulSet changed: mirror its readiness, take the next lifecycle step."""
+    if type == "DELETED":
+        OWN_WRITES.forget(body)
     name, namespace = _owner(body), body.metadata.namespace
     if name is not None and namespace is not None:
         await _drive(memo, namespace, name, kwargs)
 
 
-@kopf.on.event(
-    "",
-    "v1",
-    "pods",
-    labels={"app.kubernetes.io/managed-by": MANAGED_BY, "app.kubernetes.io/component": "driver"},
-)
+@kopf.on.event(*PODS, labels=DRIVER_POD)
 async def driver_pod_changed(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """A driver pod changed (started, Ready, ended, gone): take the next lifecycle step."""
     name, namespace = body.metadata.labels.get(PIPELINE_LABEL), body.metadata.namespace
     if name is not None and namespace is not None:
         await _drive(memo, namespace, name, kwargs, pod=plain(body))
+
+
+@kopf.on.event(*CLAIMS, labels=MANAGED)
+@kopf.on.event(*CONFIG_MAPS, labels=MANAGED)
+@kopf.on.event(*SERVICES, labels=MANAGED)
+@kopf.on.event(*SERVICE_ACCOUNTS, labels=MANAGED)
+@kopf.on.event(*ROLE_BINDINGS, labels=MANAGED)
+async def child_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Another child was deleted or written: the lifecycle applies it again if out of sync.
+
+    The echo of the operator's own apply changes nothing the lifecycle reads: no step.
+    """
+    if type == "DELETED":
+        OWN_WRITES.forget(body)
+    key = pipeline_key(body)
+    if key is not None:
+        await _drive(memo, *key, kwargs)
 
 
 def checkpoint_on_delete(body: Mapping[str, Any]) -> tuple[str | None, bool]:

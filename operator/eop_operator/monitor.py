@@ -19,7 +19,9 @@ Registered by importing this module (``eop operator`` does).
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import hashlib
 import logging
 import time
 from collections.abc import Mapping
@@ -37,6 +39,7 @@ from eop_operator.health.progress import ProgressUnavailable, kafka_access, obse
 from eop_operator.health.stall import Health, Observation, ProgressHistory, assess, observe
 from eop_operator.kube.client import KubeClient, KubeError
 from eop_operator.kube.events import post_event
+from eop_operator.kube.observed import WatchIndex
 from eop_operator.render.naming import driver_pod_name
 from eop_spark.spec import duration_ms
 
@@ -148,20 +151,22 @@ async def check_progress(
     body: kopf.Body,
     pipeline: ExactlyOncePipeline,
     watch: ProgressWatch,
-) -> Health | None:
-    """One check: read offsets, report them, restart a stalled driver. None if unreadable."""
+    pod: dict[str, Any] | None,
+) -> Health | str:
+    """One check: read offsets, report them, restart a stalled driver; if unreadable, why.
+
+    ``pod`` is the driver pod as the watch last saw it (None: there is none).  The
+    reason offsets are unreadable is for ``status.progress.message`` (see ``_check_once``).
+    """
     meta = pipeline.metadata
     try:
         group = resolve_identity(pipeline).progress_group
         observation = await observe_progress(client, pipeline, group)
     except (ProgressUnavailable, IdentityChanged) as exc:
-        await _patch_status(
-            client, pipeline, {"progress": {"message": str(exc), "checkedAt": _stamp(time.time())}}
-        )
-        return None
+        return str(exc)
     watch.history = observe(watch.history, observation)
     pod_name = driver_pod_name(pipeline)
-    since = ready_since(await client.get("v1", "Pod", meta.namespace, pod_name))
+    since = ready_since(pod)
     if since is not None and watch.restarted_at is not None:
         since = max(since, watch.restarted_at)
     health = assess(
@@ -198,18 +203,60 @@ async def check_progress(
     return health
 
 
+#: Kafka checks (each a few blocking client calls in a worker thread, up to
+#: ``health.progress.DEFAULT_TIMEOUT_S`` each against a broker that does not answer) in
+#: flight at once: the others wait their turn, and threads stay free for the rest.
+KAFKA_CHECKS = 4
+_KAFKA_TURNS: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+
+
+def _kafka_turn() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    if loop not in _KAFKA_TURNS:
+        _KAFKA_TURNS.clear()  # one event loop per operator run
+        _KAFKA_TURNS[loop] = asyncio.Semaphore(KAFKA_CHECKS)
+    return _KAFKA_TURNS[loop]
+
+
+def first_check_delay(uid: str, interval: float) -> float:
+    """When a pipeline's first check runs, spread over one interval by its uid.
+
+    An operator start begins the daemons of all pipelines at once; their checks
+    would otherwise all hit Kafka (and the thread pool) together, every interval.
+    """
+    return int(hashlib.sha256(uid.encode()).hexdigest()[:8], 16) % 1000 / 1000 * interval
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def watch_progress(
-    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
+    body: kopf.Body,
+    memo: kopf.Memo,
+    stopped: kopf.DaemonStopped,
+    **kwargs: Any,
 ) -> None:
     """Check one pipeline's progress every ``spec.health.checkInterval`` until it is deleted."""
+    pods: WatchIndex = kwargs["children"]  # handlers.children: the driver pods among them
     watch = ProgressWatch()
     namespace, name = body.metadata.namespace or "", body.metadata.name or ""
     try:
+        interval = duration_ms(load_pipeline(body).spec.health.check_interval) / 1000
+    except InvalidPipeline:
+        interval = INVALID_RETRY_S
+    await stopped.wait(first_check_delay(body.metadata.uid or name, interval))
+    try:
         while not stopped:
-            await _watch_once(body, memo, stopped, watch, namespace, name)
+            await _watch_once(body, memo, stopped, watch, namespace, name, pods)
     finally:
         metrics.forget(namespace, name)  # deleted (or the operator stops)
+
+
+def _driver_pod(pods: WatchIndex, pipeline: ExactlyOncePipeline) -> dict[str, Any] | None:
+    """The driver pod as the watch last saw it."""
+    meta, pod_name = pipeline.metadata, driver_pod_name(pipeline)
+    found = pods.get((meta.namespace, meta.name), ())
+    return next(
+        (p for p in found if p["kind"] == "Pod" and p["metadata"]["name"] == pod_name), None
+    )
 
 
 async def _watch_once(
@@ -219,19 +266,33 @@ async def _watch_once(
     watch: ProgressWatch,
     namespace: str,
     name: str,
+    pods: WatchIndex,
 ) -> None:
     """One round of the daemon: count the phase, check progress, sleep an interval."""
     metrics.set_phase(namespace, name, body.get("status", {}).get("phase"))
+    # The pipeline is read only once it is this daemon's turn: the waiting ones hold nothing.
+    async with _kafka_turn():
+        interval = await _check_once(body, memo, watch, pods)
+    await stopped.wait(interval)
+
+
+async def _check_once(
+    body: kopf.Body, memo: kopf.Memo, watch: ProgressWatch, pods: WatchIndex
+) -> float:
+    """Check progress and keep it alive as needed; return the seconds until the next round."""
     try:
         pipeline = load_pipeline(body)  # the live body: spec edits apply at the next check
     except InvalidPipeline:
-        await stopped.wait(INVALID_RETRY_S)
-        return
+        return INVALID_RETRY_S
     interval = duration_ms(pipeline.spec.health.check_interval) / 1000
     deleting = bool(body.metadata.get("deletionTimestamp"))
+    problem = None  # what status.progress.message says after this round
     if not pipeline.spec.suspend and not deleting:
         try:
-            await check_progress(memo.client, body, pipeline, watch)
+            outcome = await check_progress(
+                memo.client, body, pipeline, watch, _driver_pod(pods, pipeline)
+            )
+            problem = outcome if isinstance(outcome, str) else None
         except (KubeError, OSError) as exc:
             log.warning("health check of %s failed: %s", pipeline.pipeline_id, exc)
     else:
@@ -239,30 +300,41 @@ async def _watch_once(
         watch.history, watch.restarted_at = None, None
     if not deleting:
         try:
-            await keep_alive_without_driver(memo.client, pipeline, watch)
+            failed = await keep_alive_without_driver(
+                memo.client, pipeline, watch, _driver_pod(pods, pipeline)
+            )
+            if failed and problem is None:  # a failed check says it first
+                problem = f"no driver runs: {failed}"
         except (KubeError, OSError) as exc:
             log.warning("keeping %s's progress failed: %s", pipeline.pipeline_id, exc)
         interval = min(interval, watch.refresh.interval_s or interval)
-    await stopped.wait(interval)
+    if problem is not None:
+        # One write for both: an unreachable broker fails the check and the refresh alike.
+        progress = {"message": problem, "checkedAt": _stamp(time.time())}
+        try:
+            await _patch_status(memo.client, pipeline, {"progress": progress})
+        except (KubeError, OSError) as exc:
+            log.warning("reporting %s's progress failed: %s", pipeline.pipeline_id, exc)
+    return interval
 
 
 async def keep_alive_without_driver(
-    client: KubeClient, pipeline: ExactlyOncePipeline, watch: ProgressWatch
-) -> None:
+    client: KubeClient,
+    pipeline: ExactlyOncePipeline,
+    watch: ProgressWatch,
+    pod: dict[str, Any] | None,
+) -> str | None:
     """Refresh a pipeline's progress group when due, if no container of its driver runs.
 
-    Suspended, crash-looping, scaled to zero: see ``health.keep_alive.driver_runs``.
-    A failure is written to ``status.progress.message`` and tried again at the next check.
+    Suspended, crash-looping, scaled to zero: see ``health.keep_alive.driver_runs``
+    (``pod``: the driver pod as the watch last saw it).  Returns why a refresh failed
+    (for ``status.progress.message``; tried again at the next check), else None.
     """
-    meta = pipeline.metadata
-    if driver_runs(await client.get("v1", "Pod", meta.namespace, driver_pod_name(pipeline))):
-        return  # its runner keeps G alive (a stopping one may still commit)
+    if driver_runs(pod):
+        return None  # its runner keeps G alive (a stopping one may still commit)
     try:
         access = await kafka_access(client, pipeline)
         await keep_progress_alive(access, pipeline, watch.refresh)
     except (ProgressUnavailable, IdentityChanged) as exc:
-        await _patch_status(
-            client,
-            pipeline,
-            {"progress": {"message": f"no driver runs: {exc}", "checkedAt": _stamp(time.time())}},
-        )
+        return str(exc)
+    return None

@@ -310,3 +310,22 @@ def test_every_degraded_pipeline_is_stalled_for_gitops_tools() -> None:
         healthy, previous=PipelineStatus(), generation=2, ready="1/1", now="T"
     )
     assert _conditions(healthy_patch)["Stalled"]["status"] == "False"
+
+
+def test_a_driver_that_restarted_a_moment_ago_is_looked_at_again_when_it_counts_as_running() -> (
+    None
+):
+    """Between two crashes a driver is Ready: it runs only after a minute without a restart."""
+    ended = {"exitCode": 1, "finishedAt": "2026-01-01T11:59:40Z"}  # 20 s before NOW
+    restarted = driver_pod(
+        phase="Running",
+        conditions=[{"type": "Ready", "status": "True"}],
+        **container(restartCount=1, state={"running": {}}, lastState={"terminated": ended}),
+    )
+    driver = DriverState.from_objects({"metadata": {}, "spec": {}}, [restarted])
+    assert not driver.steady_with(None, NOW)
+    assert driver.recovers_in(NOW) == 40.0
+    later = NOW + datetime.timedelta(seconds=41)
+    assert driver.recovers_in(later) == float("inf")
+    never = DriverState.from_objects(None, [driver_pod(phase="Pending", **container())])
+    assert never.recovers_in(NOW) == float("inf")

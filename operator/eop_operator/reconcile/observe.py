@@ -7,6 +7,7 @@ decisions can be tested without an API server.
 from __future__ import annotations
 
 import datetime
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -46,6 +47,14 @@ class PodObservation:
     #: Whether the kubelet has started the driver container at least once.
     started: bool = False
 
+    def _since_restart(self, now: datetime.datetime) -> float | None:
+        """Seconds since the driver container ended before its last restart (None: it did not)."""
+        ended = self.termination
+        if ended is None or ended.current or self.restart_count == 0 or not ended.finished_at:
+            return None
+        finished = datetime.datetime.strptime(ended.finished_at, "%Y-%m-%dT%H:%M:%SZ")
+        return (now - finished.replace(tzinfo=datetime.UTC)).total_seconds()
+
     def restarted_within(self, now: datetime.datetime, seconds: float) -> bool:
         """Whether the driver container ended (and was restarted) less than ``seconds`` ago.
 
@@ -53,12 +62,13 @@ class PodObservation:
         previous termination (``lastState.terminated``) tells it apart from a
         driver that runs.
         """
-        ended = self.termination
-        if ended is None or ended.current or self.restart_count == 0 or not ended.finished_at:
-            return False
-        finished = datetime.datetime.strptime(ended.finished_at, "%Y-%m-%dT%H:%M:%SZ")
-        age = now - finished.replace(tzinfo=datetime.UTC)
-        return age.total_seconds() < seconds
+        since = self._since_restart(now)
+        return since is not None and since < seconds
+
+    def recovers_in(self, now: datetime.datetime) -> float:
+        """Seconds until a restart less than ``RECOVERY_SECONDS`` ago stops counting (else inf)."""
+        since = self._since_restart(now)
+        return math.inf if since is None or since >= RECOVERY_SECONDS else RECOVERY_SECONDS - since
 
     @property
     def failures(self) -> int:
@@ -162,6 +172,10 @@ class DriverState:
     def ready_with(self, spec_hash: str | None) -> bool:
         """Whether a pod of ``spec_hash`` is Ready."""
         return any(p.ready and not p.deleting and p.spec_hash == spec_hash for p in self.pods)
+
+    def recovers_in(self, now: datetime.datetime) -> float:
+        """Seconds until a pod that restarted a moment ago may count as steady (else inf)."""
+        return min((p.recovers_in(now) for p in self.pods if not p.deleting), default=math.inf)
 
     def steady_with(self, spec_hash: str | None, now: datetime.datetime) -> bool:
         """Whether a pod of ``spec_hash`` is Ready and has not just restarted (a crash loop)."""
