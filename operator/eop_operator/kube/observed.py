@@ -2,13 +2,13 @@
 
 The lifecycle reads a pipeline, its StatefulSet, its pods and its other
 children from here, not from the API server: kopf keeps an index per watched
-kind (``handlers``), holding a slim copy of every object (:func:`slim`) keyed
+kind (``controller.registration``), holding a slim copy of every object (:func:`slim`) keyed
 by (namespace, pipeline).  A lifecycle step with nothing to do sends no
 request.
 
 A watch delivers the operator's own writes a moment after their responses.
-The response of each apply and status patch is kept here (:class:`OwnWrites`)
-and read instead of the watch's copy until the watch has delivered that
+The response of each apply and status patch is kept here (:class:`OwnWrites`,
+one per operator run) and read instead of the watch's copy until the watch has delivered that
 version or a newer one, or the object's deletion, and at most
 ``OWN_WRITES_SECONDS``: the step after an apply sees what it applied.
 """
@@ -28,7 +28,7 @@ PipelineKey = tuple[str, str]
 WatchIndex = Mapping[PipelineKey, Iterable[dict[str, Any]]]
 #: (kind, name) -> (uid, resourceVersion) of a pipeline's objects.
 Versions = dict[tuple[str, str], tuple[str, str]]
-#: The kinds the operator applies for a pipeline, each watched (see ``handlers``).
+#: The kinds the operator applies for a pipeline, each watched (``controller.registration``).
 CHILD_KINDS = (
     "ConfigMap",
     "PersistentVolumeClaim",
@@ -120,11 +120,19 @@ class OwnWrites:
     )
 
     def record(self, obj: Mapping[str, Any], clock: float) -> None:
-        """Remember the answer to a write (an apply or a patch)."""
+        """Remember the answer to a write (an apply or a patch), unless a newer one is kept.
+
+        Answers to writes made at once (the lifecycle's and the health monitor's status
+        writes) may arrive in any order: the newer version stays.
+        """
         key = pipeline_key(obj)
-        if key is not None:
-            name = str(obj["metadata"]["name"])
-            self.entries.setdefault(key, {})[(str(obj["kind"]), name)] = (clock, slim(obj))
+        if key is None:
+            return
+        kept = self.entries.setdefault(key, {})
+        ref = (str(obj["kind"]), str(obj["metadata"]["name"]))
+        if ref in kept and caught_up(kept[ref][1], obj) and not caught_up(obj, kept[ref][1]):
+            return
+        kept[ref] = (clock, slim(obj))
 
     def forget(self, obj: Mapping[str, Any]) -> None:
         """A watch saw ``obj`` deleted: what the operator wrote of it is gone too."""
@@ -160,10 +168,6 @@ class OwnWrites:
         return objects
 
 
-#: The operator's own writes: one process, one record.
-OWN_WRITES = OwnWrites()
-
-
 @dataclass(frozen=True)
 class Observed:
     """The watches' view of pipelines and their children, and the operator's own writes."""
@@ -171,7 +175,7 @@ class Observed:
     pipelines: WatchIndex
     #: Every kind of child, and the driver pods.
     children: WatchIndex
-    own: OwnWrites = field(default_factory=lambda: OWN_WRITES)
+    own: OwnWrites
 
     def pipeline(self, namespace: str, name: str, clock: float) -> dict[str, Any] | None:
         """The pipeline as last seen or written; None once the watch no longer has it.

@@ -78,7 +78,7 @@ def classify(termination: Termination) -> tuple[FailureReason, str]:
     return reason or FailureReason.FAILED, message
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Failure:
     """A driver termination the operator has not counted before."""
 
@@ -88,7 +88,7 @@ class Failure:
     message: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Counted:
     """The failover status after counting, and what was new."""
 
@@ -124,7 +124,8 @@ def count_failures(
             continue
         reason, message = classify(pod.termination)
         at = pod.termination.finished_at or stamp(now)
-        ended.append((at, Failure(pod.name, pod.spec_hash, reason, message), total - before))
+        failure = Failure(pod=pod.name, spec_hash=pod.spec_hash, reason=reason, message=message)
+        ended.append((at, failure, total - before))
         recent.extend([stamp(now)] * (total - before))
     # Watch events of different pods arrive in any order: the last termination is
     # the one that ended last, not the one counted last.
@@ -141,7 +142,7 @@ def count_failures(
         status = status.model_copy(
             update={"last_reason": last.reason.value, "last_message": last.message, "last_time": at}
         )
-    return Counted(status, tuple(failure for _, failure, _ in ended))
+    return Counted(status=status, new=tuple(failure for _, failure, _ in ended))
 
 
 def crash_looping(status: FailoverStatus, spec: FailoverSpec) -> bool:
