@@ -9,16 +9,20 @@ API client closes.
 from __future__ import annotations
 
 import asyncio
+import datetime
 from typing import Any
 
 import kopf
 import pytest
 
+from eop_operator.api.load import load_pipeline
 from eop_operator.controller.context import Context, OperatorOptions
 from eop_operator.controller.lifecycle import Lifecycle
 from eop_operator.controller.registration import register
 from eop_operator.kube.client import KubeError
 from eop_operator.kube.observed import Observed, OwnWrites
+from eop_operator.reconcile.children import stamp_rendered_hash
+from eop_operator.reconcile.failover import stamp
 from eop_operator.render import render_pipeline
 
 
@@ -107,3 +111,102 @@ def test_a_failed_lifecycle_step_is_tried_again_at_the_next_timer_tick() -> None
         return lifecycle.due(("ns", "p"))
 
     assert asyncio.run(scenario()), "a failed step waits for its next look"
+
+
+class _Answering:
+    """An API server that accepts every write and lists no Warning events."""
+
+    def __init__(self) -> None:
+        self.requests: list[str] = []
+
+    async def patch(self, api_version: str, kind: str, *args: Any, **kwargs: Any) -> Any:
+        self.requests.append(f"patch {kind} {kwargs.get('subresource') or ''}".strip())
+        namespace, name = args[0], args[1]
+        return {"kind": kind, "metadata": {"namespace": namespace, "name": name}}
+
+    async def list_objects(self, *_: Any, **__: Any) -> list[dict[str, Any]]:
+        self.requests.append("list events")
+        return []
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.requests.append(f"create {obj['kind']}")
+        return obj
+
+    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        raise AssertionError(f"nothing is out of sync, yet {obj['kind']} was applied")
+
+
+def test_an_upgrade_waiting_for_its_driver_is_looked_at_when_its_readiness_timeout_ends() -> None:
+    """The requeue the decision asks for is when the lifecycle looks again (the timer's due)."""
+    body: dict[str, Any] = {
+        "apiVersion": "exactlyonce.io/v1alpha1",
+        "kind": "ExactlyOncePipeline",
+        "metadata": {"name": "upgrading", "namespace": "ns", "uid": "u", "generation": 2},
+        "spec": {
+            "source": {"kafka": {"bootstrapServers": "kafka:9092", "topics": ["in"]}},
+            "transform": {"sql": "SELECT key, value FROM source"},
+            "sink": {"kafka": {"bootstrapServers": "kafka:9092", "topic": "out"}},
+            "upgrade": {"readinessTimeout": "1m"},
+        },
+    }
+    spec_hash = render_pipeline(
+        load_pipeline(body), default_image="eop:test", generation=0
+    ).spec_hash
+    started = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=55)
+    body["status"] = {
+        "specHash": spec_hash,
+        "checkpoint": {"generation": 0},
+        "upgrade": {
+            "fromHash": "old",
+            "toHash": spec_hash,
+            "mode": "last-state",
+            "step": "Starting",
+            "generation": 0,
+            "reason": "SpecChanged",
+            "startedAt": stamp(started),
+        },
+    }
+    rendered = render_pipeline(load_pipeline(body), default_image="eop:test", generation=0)
+    children = []
+    for obj in rendered.objects:  # everything applied already, as the watches show it
+        stamp_rendered_hash(obj)
+        obj["metadata"].update(uid=f"uid-{obj['kind']}", resourceVersion="1", generation=1)
+        if obj["kind"] == "PersistentVolumeClaim":
+            obj["status"] = {"phase": "Bound"}
+        children.append(obj)
+    (statefulset,) = [obj for obj in children if obj["kind"] == "StatefulSet"]
+    template = statefulset["spec"]["template"]["metadata"]
+    children.append(  # the new driver, not Ready yet
+        {
+            "kind": "Pod",
+            "metadata": {
+                "name": "upgrading-driver-0",
+                "uid": "pod",
+                "resourceVersion": "1",
+                "labels": template["labels"],
+                "annotations": template["annotations"],
+            },
+            "status": {"phase": "Running"},
+        }
+    )
+    observed = Observed(
+        pipelines={("ns", "upgrading"): [body]},
+        children={("ns", "upgrading"): children},
+        own=OwnWrites(),
+    )
+    client = _Answering()
+    lifecycle = _lifecycle(client)
+
+    def render(pipeline: Any, identity: Any, generation: int, reset: bool) -> Any:
+        return render_pipeline(
+            pipeline, default_image="eop:test", generation=generation, reset_progress=reset
+        )
+
+    async def scenario() -> tuple[float | None, bool]:
+        wait = await lifecycle.drive(observed, ("ns", "upgrading"), render)
+        return wait, lifecycle.due(("ns", "upgrading"))
+
+    wait, due = asyncio.run(scenario())
+    # 60 s of readiness timeout, 55 (and a fraction) gone: the rest, not the 10 s of a look.
+    assert wait is not None and 3.5 < wait <= 5.0
+    assert not due, "the timer would look before the decision asked"
