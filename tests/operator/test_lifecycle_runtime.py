@@ -136,19 +136,12 @@ class _Answering:
         raise AssertionError(f"nothing is out of sync, yet {obj['kind']} was applied")
 
 
-def test_an_upgrade_waiting_for_its_driver_is_looked_at_when_its_readiness_timeout_ends() -> None:
+def test_an_upgrade_waiting_for_its_driver_is_looked_at_when_its_readiness_timeout_ends(
+    manifest: dict[str, Any],
+) -> None:
     """The requeue the decision asks for is when the lifecycle looks again (the timer's due)."""
-    body: dict[str, Any] = {
-        "apiVersion": "exactlyonce.io/v1alpha1",
-        "kind": "ExactlyOncePipeline",
-        "metadata": {"name": "upgrading", "namespace": "ns", "uid": "u", "generation": 2},
-        "spec": {
-            "source": {"kafka": {"bootstrapServers": "kafka:9092", "topics": ["in"]}},
-            "transform": {"sql": "SELECT key, value FROM source"},
-            "sink": {"kafka": {"bootstrapServers": "kafka:9092", "topic": "out"}},
-            "upgrade": {"readinessTimeout": "1m"},
-        },
-    }
+    body = manifest
+    body["spec"]["upgrade"] = {"readinessTimeout": "1m"}
     spec_hash = render_pipeline(
         load_pipeline(body), default_image="eop:test", generation=0
     ).spec_hash
@@ -180,7 +173,7 @@ def test_an_upgrade_waiting_for_its_driver_is_looked_at_when_its_readiness_timeo
         {
             "kind": "Pod",
             "metadata": {
-                "name": "upgrading-driver-0",
+                "name": "clean-driver-0",
                 "uid": "pod",
                 "resourceVersion": "1",
                 "labels": template["labels"],
@@ -190,8 +183,8 @@ def test_an_upgrade_waiting_for_its_driver_is_looked_at_when_its_readiness_timeo
         }
     )
     observed = Observed(
-        pipelines={("ns", "upgrading"): [body]},
-        children={("ns", "upgrading"): children},
+        pipelines={("ads", "clean"): [body]},
+        children={("ads", "clean"): children},
         own=OwnWrites(),
     )
     client = _Answering()
@@ -203,8 +196,8 @@ def test_an_upgrade_waiting_for_its_driver_is_looked_at_when_its_readiness_timeo
         )
 
     async def scenario() -> tuple[float | None, bool]:
-        wait = await lifecycle.drive(observed, ("ns", "upgrading"), render)
-        return wait, lifecycle.due(("ns", "upgrading"))
+        wait = await lifecycle.drive(observed, ("ads", "clean"), render)
+        return wait, lifecycle.due(("ads", "clean"))
 
     wait, due = asyncio.run(scenario())
     # 60 s of readiness timeout, 55 (and a fraction) gone: the rest, not the 10 s of a look.

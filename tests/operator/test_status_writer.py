@@ -32,6 +32,7 @@ from eop_operator.controller import health_monitor
 from eop_operator.controller.context import Context, OperatorOptions
 from eop_operator.controller.health_monitor import HealthMemory, HealthMonitor
 from eop_operator.health.stall import PartitionOffsets, Reading
+from tests.operator.merge_patch import merged
 
 OPERATOR = Path(__file__).resolve().parents[2] / "operator" / "eop_operator"
 
@@ -79,33 +80,20 @@ def test_a_nested_status_keeps_what_the_write_does_not_give() -> None:
     assert merge_patch(patch, current) == {"checkpoint": {"path": "/new/gen-2"}}
 
 
-def _merged(target: Any, patch: Any) -> Any:
-    """RFC 7386, as the API server applies a merge patch."""
-    if not isinstance(patch, dict):
-        return patch
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = _merged(result.get(key), value)
-    return result
-
-
 def test_the_last_stable_spec_is_replaced_whole() -> None:
     """A rollback runs the last stable spec as it was, not merged with an older one."""
     older = {"image": "a", "checkpoint": {"uri": "s3a://bucket/x", "retention": "Delete"}}
     newer = {"image": "b", "checkpoint": {"volume": {"size": "2Gi"}}}
     current = {"lastStableSpec": older}
     patch = merge_patch(DecisionRecord(last_stable_spec=newer), current)
-    assert _merged(current, patch)["lastStableSpec"] == newer
+    assert merged(current, patch)["lastStableSpec"] == newer
 
 
 def test_pods_that_are_gone_leave_the_failover_record() -> None:
     current = {"failover": {"restarts": 2, "seen": {"old-pod": 1, "pod": 1}}}
     after = FailoverStatus(restarts=3, seen={"pod": 2})
     patch = merge_patch(DecisionRecord(failover=after), current)
-    assert _merged(current, patch)["failover"]["seen"] == {"pod": 2}
+    assert merged(current, patch)["failover"]["seen"] == {"pod": 2}
 
 
 class _RecordingClient:

@@ -22,6 +22,7 @@ from eop_operator.reconcile.decision import Action, Decision, Situation, target_
 from eop_operator.reconcile.failover import stamp
 from eop_operator.reconcile.observe import ClaimState, DriverState, PodObservation, Termination
 from eop_operator.reconcile.upgrade import decide
+from tests.operator.merge_patch import merged
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
 
@@ -73,19 +74,6 @@ def situation(
         now=now,
         **kwargs,
     )
-
-
-def merged(target: Any, patch: Any) -> Any:
-    """A JSON merge patch applied (RFC 7386), as the API server does."""
-    if not isinstance(patch, dict):
-        return patch
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merged(result.get(key), value)
-    return result
 
 
 def apply_status(status: PipelineStatus, decision: Decision) -> PipelineStatus:
