@@ -16,7 +16,9 @@ from typing import Any
 from eop_operator.api.load import InvalidPipeline
 from eop_operator.api.resolve import IdentityChanged
 from eop_operator.controller.context import Context
-from eop_operator.controller.step import Memory, Renderer, Subject, refuse, take_step
+from eop_operator.controller.lifecycle_status import refuse
+from eop_operator.controller.step import Memory, Renderer, take_step
+from eop_operator.controller.subject import Subject
 from eop_operator.kube.observed import Observed, PipelineKey
 from eop_operator.reconcile.cadence import LOOK_SECONDS, POLL_SECONDS, VERIFY_SECONDS
 from eop_operator.render import MissingImage
@@ -91,7 +93,7 @@ class Lifecycle:
         Reads what the watches delivered (``observed``).  Returns how long until the
         next look (also what :meth:`due` tells the timer), None for a pipeline that is
         gone.  An invalid spec (or an ``invalid`` extra error of ``render``) is refused
-        (``controller.step.refuse``).  ``pod`` is a driver pod from a watch event: it
+        (``controller.lifecycle_status.refuse``).  ``pod`` is a driver pod from a watch event: it
         may be gone already, and its termination still counts.
         """
         namespace, name = key

@@ -3,7 +3,7 @@
 What only the operator can check (a shipped transform that exists, an
 identity no older pipeline holds, the pod policy, a free metrics host port)
 is refused before anything is rendered, so nothing is created or changed for
-such a pipeline (``controller.step.refuse`` says why).
+such a pipeline (``controller.lifecycle_status.refuse`` says why).
 """
 
 from __future__ import annotations

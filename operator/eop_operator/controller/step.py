@@ -18,24 +18,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
 from eop_operator import metrics
-from eop_operator.api.load import load_pipeline
 from eop_operator.api.models import (
-    CheckpointStatus,
     ExactlyOncePipeline,
-    Phase,
-    PipelineStatus,
     UpgradeStep,
 )
-from eop_operator.api.resolve import Identity, resolve_identity
-from eop_operator.api.status_patch import LifecyclePatch, merge_patch
+from eop_operator.api.resolve import Identity
+from eop_operator.api.status_patch import merge_patch
 from eop_operator.controller.context import Context
+from eop_operator.controller.lifecycle_status import write_status
+from eop_operator.controller.subject import Subject
 from eop_operator.kube.apply import apply_children, ensure_rpc_secret
 from eop_operator.kube.events import post_event
 from eop_operator.kube.observed import CHILD_KINDS, Observed, Versions
-from eop_operator.reconcile.admission import IdentityTaken
 from eop_operator.reconcile.cadence import (
     CONTROLLER_SECONDS,
     HEAL_SECONDS,
@@ -44,7 +39,7 @@ from eop_operator.reconcile.cadence import (
     VERIFY_SECONDS,
     next_look,
 )
-from eop_operator.reconcile.causes import Cause, diagnose, pod_cause
+from eop_operator.reconcile.causes import diagnose, pod_cause
 from eop_operator.reconcile.children import (
     ChildRef,
     Version,
@@ -57,22 +52,13 @@ from eop_operator.reconcile.decision import (
     RESTART_NONCE,
     SPEC_CHANGED,
     Action,
-    Decision,
     Event,
     Situation,
 )
-from eop_operator.reconcile.failover import parse_stamp, stamp
+from eop_operator.reconcile.failover import parse_stamp
 from eop_operator.reconcile.observe import ClaimState, DriverState
-from eop_operator.reconcile.status import (
-    DriverObservation,
-    judge,
-    lifecycle_verdict,
-    ready_column,
-    scale_status,
-    verdict_status,
-)
-from eop_operator.reconcile.upgrade import decide, spec_fingerprint, spec_to_run
-from eop_operator.render import RenderedPipeline, checkpoint_root
+from eop_operator.reconcile.upgrade import decide, spec_fingerprint
+from eop_operator.render import RenderedPipeline
 from eop_operator.render.naming import (
     RESTART_NONCE_ANNOTATION,
     checkpoint_claim_name,
@@ -100,33 +86,6 @@ class Memory:
     look_at: float = 0.0
     #: The versions of what the last step that waited read (``Observed.versions``).
     seen: Versions = field(default_factory=dict)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Subject:
-    """One pipeline as a step reads it: parsed once, its identity resolved once."""
-
-    body: dict[str, Any]
-    #: The user's pipeline.
-    pipeline: ExactlyOncePipeline
-    identity: Identity
-    #: What runs: the user's pipeline, or its last stable spec after a rollback.
-    run: ExactlyOncePipeline
-    running_stable: bool
-
-    @classmethod
-    def read(cls, body: dict[str, Any]) -> Subject:
-        """Parse a pipeline body; raises ``InvalidPipeline`` or ``IdentityChanged``."""
-        pipeline = load_pipeline(body)
-        identity = resolve_identity(pipeline)
-        run, running_stable = spec_to_run(pipeline)
-        return cls(
-            body=body,
-            pipeline=pipeline,
-            identity=identity,
-            run=run,
-            running_stable=running_stable,
-        )
 
 
 def _template_annotation(statefulset: dict[str, Any] | None, key: str) -> str | None:
@@ -274,9 +233,7 @@ async def take_step(
                 statefulset_uid=(statefulset or {}).get("metadata", {}).get("uid"),
                 now=now,
             )
-    await _write_status(
-        context, subject, decision, statefulset, cause=cause, refused=memory.refused
-    )
+    await write_status(context, subject, decision, statefulset, cause=cause, refused=memory.refused)
     _count(pipeline, decision.events, now)
     if todo:
         # The events say what the step does; they need not hold its apply back.
@@ -341,84 +298,3 @@ async def _apply(
             client, body, type="Warning", reason="ApplyRefused", message="; ".join(refused)
         )
     return None if refused != before else CONTROLLER_SECONDS
-
-
-async def _write_status(
-    context: Context,
-    subject: Subject,
-    decision: Decision,
-    statefulset: dict[str, Any] | None,
-    *,
-    cause: Cause | None,
-    refused: tuple[str, ...],
-) -> None:
-    """Write the decision's record, the verdict it leads to and what the driver runs as."""
-    pipeline, record = subject.pipeline, decision.record
-    previous = pipeline.status
-    observation = DriverObservation.from_statefulset(statefulset) if statefulset else None
-    given = record.model_fields_set
-    in_flight = record.upgrade if "upgrade" in given else previous.upgrade
-    message = (record.message if "message" in given else None) or previous.message or "upgrading"
-    verdict = lifecycle_verdict(
-        suspend=pipeline.spec.suspend,
-        driver=observation,
-        degraded=decision.degraded,
-        upgrading=message if in_flight else None,
-        cause=cause,
-        refused=refused,
-    )
-    seen = verdict_status(
-        verdict,
-        previous=previous,
-        generation=pipeline.metadata.generation,
-        ready=ready_column(observation, suspend=pipeline.spec.suspend),
-        now=stamp(datetime.datetime.now(datetime.UTC)),
-    )
-    checkpoint = record.checkpoint if "checkpoint" in given else None
-    generation = (checkpoint or previous.checkpoint or CheckpointStatus()).generation
-    path = f"{checkpoint_root(pipeline).rstrip('/')}/gen-{generation}"
-    patch = LifecyclePatch(
-        **{
-            **seen.given(),
-            **scale_status(pipeline, observation).given(),
-            **record.given(),
-            "checkpoint": (checkpoint or CheckpointStatus()).model_copy(update={"path": path}),
-            "transactional_id_prefix": subject.identity.transactional_id_prefix,
-            "progress_group": subject.identity.progress_group,
-            "commit_mode": pipeline.spec.sink.kafka.commit_mode.value,
-        }
-    )
-    if verdict.phase is Phase.DEGRADED and previous.phase is not Phase.DEGRADED:
-        await post_event(
-            context.client, subject.body, type="Warning", reason="Degraded", message=verdict.message
-        )
-    await context.status.write(subject.body, patch)
-
-
-async def refuse(context: Context, body: dict[str, Any], exc: Exception) -> None:
-    """Say why a pipeline cannot run: a Warning event and the status, once per generation.
-
-    Nothing is created or changed for it (what is checked fails before anything is rendered).
-    """
-    try:
-        previous = PipelineStatus.model_validate(body.get("status") or {})
-    except ValidationError:
-        previous = PipelineStatus()
-    generation = body["metadata"].get("generation")
-    said = [c.message for c in previous.conditions if c.type == "Ready"]
-    if (previous.phase, previous.observed_generation, said) == (
-        Phase.INVALID,
-        generation,
-        [str(exc)],
-    ):
-        return  # said already: every event of the pipeline comes here
-    reason = "IdentityInUse" if isinstance(exc, IdentityTaken) else "InvalidSpec"
-    await post_event(context.client, body, type="Warning", reason=reason, message=str(exc))
-    patch = verdict_status(
-        judge(suspend=False, driver=None, error=str(exc)),
-        previous=previous,
-        generation=generation,
-        ready=ready_column(None, suspend=False),
-        now=stamp(datetime.datetime.now(datetime.UTC)),
-    )
-    await context.status.write(body, patch)
