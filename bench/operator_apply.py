@@ -224,7 +224,7 @@ def _start_operator(cp: ControlPlane, log: Path, profile: Path | None) -> subpro
 
 def _started_at(log: Path) -> float:
     """When the last operator in ``log`` ran its startup handler (epoch seconds)."""
-    line = [x for x in log.read_text().splitlines() if "Activity 'configure' succeeded" in x][-1]
+    line = [x for x in log.read_text().splitlines() if "Activity 'started' succeeded" in x][-1]
     stamp = line[1 : line.index("]")]  # kopf's "[2026-01-01 12:00:00,123]", local time
     return datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 

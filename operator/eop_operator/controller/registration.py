@@ -148,6 +148,21 @@ def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
     return connection_info(settings)
 
 
+async def started(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """Say, once kopf has started, what this run serves pipelines with."""
+    options = _context(memo).options
+    policy = options.pod_policy
+    logger.info(
+        "default image %s, metrics host ports %s, driver role %s, host network %s, "
+        "hostPath volumes %s",
+        options.default_image or "(none)",
+        options.host_ports,
+        options.driver_role,
+        "allowed" if policy.allow_host_network else "refused",
+        "allowed" if policy.allow_host_path_volumes else "refused",
+    )
+
+
 async def close(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """Let the lifecycle steps under way finish, then close the HTTP session."""
     if not await _lifecycle(memo).quiesce(QUIESCE_SECONDS):
@@ -289,6 +304,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
     """Register every handler of the operator on ``registry``."""
     pipeline = (GROUP, VERSION, PLURAL)
     kopf.on.login(registry=registry)(login)
+    kopf.on.startup(registry=registry)(started)
     kopf.on.cleanup(registry=registry)(close)
     kopf.index(*pipeline, registry=registry)(pipelines)
     kopf.index(*pipeline, registry=registry)(pipeline_identities)
