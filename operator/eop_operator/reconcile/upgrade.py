@@ -174,7 +174,7 @@ class _Planner:
                 Event(
                     "Warning",
                     "Restarted",
-                    f"driver {failure.pod} ended ({failure.reason.value}): {failure.message}",
+                    f"driver {failure.pod} ended ({failure.reason}): {failure.message}",
                 )
             )
 
@@ -228,7 +228,7 @@ class _Planner:
     def recover(self, failure: Failure, from_hash: str | None) -> Decision | None:
         """A new generation for a checkpoint the driver cannot use, when allowed."""
         upgrade = self.s.upgrade
-        if failure.reason is FailureReason.CHECKPOINT_LOST:
+        if failure.reason == FailureReason.CHECKPOINT_LOST:
             return self.begin(
                 UpgradeMode.COMMITTED_OFFSETS,
                 CHECKPOINT_LOST,
@@ -241,7 +241,7 @@ class _Planner:
                     "progress group",
                 ),
             )
-        if failure.reason is FailureReason.CORRUPT_CHECKPOINT:
+        if failure.reason == FailureReason.CORRUPT_CHECKPOINT:
             delay = backoff_seconds(self.failover, self.s.failover)
             return self.begin(
                 UpgradeMode.COMMITTED_OFFSETS,
@@ -378,7 +378,7 @@ def _starting(plan: _Planner, wal: UpgradeStatus) -> Decision | None:
         return None
     failure = plan.checkpoint_failure(wal.to_hash)
     if failure is not None and not (
-        failure.reason is FailureReason.INCOMPATIBLE_CHECKPOINT
+        failure.reason == FailureReason.INCOMPATIBLE_CHECKPOINT
         and wal.mode is not UpgradeMode.LAST_STATE
     ):
         decision = plan.recover(failure, wal.to_hash)
