@@ -55,7 +55,7 @@ HEAP, CONTAINER_MEMORY = "512m", f"{512 + 384}Mi"
 MASTER = "k8s://https://kubernetes.default.svc"
 #: Apply -> executors Running; a loss -> the pipeline committing again (both on 2 busy cores).
 START_TIMEOUT = 300.0
-RECOVERY_TIMEOUT = 300.0
+RECOVERY_TIMEOUT = 240.0
 #: Records written during each disruption: a burst a second for half a minute.
 BURSTS, BURST = 30, 30
 
@@ -420,6 +420,9 @@ class TestPartitionedOnExecutors:
             )
             failure = exactly_once_failure(read_committed(so.broker, wide.sink), wide.written)
             assert failure is None, f"after {what}: {failure}" + diagnostics()
+            assert wide.watch.most_running <= 1, f"two drivers at once by the end of {what}:\n" + (
+                wide.watch.timeline()
+            )
             _restore_lost_nodes(cluster)
             seconds = ", ".join(f"{k} {v:.1f}" for k, v in times.items())
             print(f"{what}: {len(wide.written)} records exactly once; seconds after: {seconds}")
