@@ -26,8 +26,7 @@ from typing import Any
 
 import pytest
 
-from demo.run import end_offsets, progress_offsets, read_committed
-from devenv.cluster import LocalCluster
+from demo.run import progress_offsets, read_committed
 from devenv.kafka import KafkaBroker
 from devenv.s3 import S3Server
 from eop_operator.reconcile.failover import NODE_LOST
@@ -38,94 +37,32 @@ from tests.e2e.executor_pods import (
     container_env,
     executor_pods,
     ids_held_by_executors,
-    pipeline_diagnostics,
     running,
 )
+from tests.e2e.pipelines_on_nodes import (
+    CONTAINER_MEMORY,
+    EXECUTORS,
+    POD_CPU,
+    Check,
+    ScaleOut,
+    batch_committed_since,
+    committed_records,
+    first_held,
+    node_of,
+    restore_lost_nodes,
+    scale_out_environment,
+    wait_caught_up,
+)
 from tests.e2e.records import BurstProducer, exactly_once_failure
-from tests.e2e.test_cluster import _driver_pod, _eventually, _get, _operator, _pipeline, _produce
+from tests.e2e.test_cluster import _driver_pod, _eventually, _get, _produce
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka, pytest.mark.s3]
 
-EXECUTORS = 2
-#: What each driver and executor asks of the nodes' (shared) 2 cores.
-POD_CPU = "250m"
-#: Heap of driver and executors, and the container memory it makes (Spark's 384 MiB overhead).
-HEAP, CONTAINER_MEMORY = "512m", f"{512 + 384}Mi"
-#: The in-cluster API server, as the driver reaches it: kube-proxy and CoreDNS.
-MASTER = "k8s://https://kubernetes.default.svc"
 #: Apply -> executors Running; a loss -> the pipeline committing again (both on 2 busy cores).
 START_TIMEOUT = 300.0
 RECOVERY_TIMEOUT = 240.0
 #: Records written during each disruption: a burst a second for half a minute.
 BURSTS, BURST = 30, 30
-
-
-@dataclass
-class ScaleOut:
-    """The module's cluster, namespace, operator and the stores pods reach."""
-
-    e2e: E2ECluster
-    ns: str
-    operator: tuple[str, str]
-    broker: KafkaBroker
-    s3: S3Server
-    bucket: str
-    #: ``checkpoint`` of every pipeline here (the Secret holds the keys).
-    checkpoint: dict[str, Any]
-
-    @property
-    def cluster(self) -> LocalCluster:
-        """The multi-node cluster."""
-        return self.e2e.cluster
-
-    def pipeline(self, name: str, source: str, sink: str) -> dict[str, Any]:
-        """A pipeline on executors of the pod network, its checkpoint in the bucket."""
-        servers = self.broker.cluster_bootstrap_servers
-        manifest = _pipeline(name, self.ns, servers, source, sink)
-        spec = manifest["spec"]
-        spec["driver"] = {"resources": {"requests": {"cpu": POD_CPU}}}
-        spec["executor"] = {"resources": {"requests": {"cpu": POD_CPU}}}
-        spec["spark"] = {
-            "master": MASTER,
-            "driver": {"cores": 1, "memory": HEAP},
-            "executor": {"instances": EXECUTORS, "cores": 1, "memory": HEAP},
-        }
-        spec["checkpoint"] = self.checkpoint
-        return manifest
-
-    def status(self, name: str) -> dict[str, Any]:
-        """The pipeline's status."""
-        status: dict[str, Any] = _get(self.e2e, "eop", name, "-n", self.ns).get("status", {})
-        return status
-
-    def events(self, name: str) -> list[tuple[str, str]]:
-        """(reason, message) of the pipeline's events, oldest first."""
-        found = _get(
-            self.e2e,
-            "events",
-            "-n",
-            self.ns,
-            "--field-selector",
-            f"involvedObject.kind=ExactlyOncePipeline,involvedObject.name={name}",
-        )
-        items = sorted(found.get("items", []), key=lambda e: e["metadata"]["creationTimestamp"])
-        return [(e["reason"], e["message"]) for e in items]
-
-    def diagnostics(self, name: str) -> Callable[[], str]:
-        """What a failure message shows about pipeline ``name``."""
-        return lambda: pipeline_diagnostics(self.e2e, self.ns, name, self.operator)
-
-
-def _operator_off_the_drivers_nodes(ns: str) -> dict[str, Any]:
-    """Chart values: the operator never shares a node with a driver of ``ns``."""
-    term = {
-        "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "driver"}},
-        "namespaces": [ns],
-        "topologyKey": "kubernetes.io/hostname",
-    }
-    return {
-        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
-    }
 
 
 @pytest.fixture(scope="module")
@@ -135,108 +72,10 @@ def scale_out(
     s3_server: S3Server,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ScaleOut]:
-    """The operator (from the chart, on the pod network) serving a fresh namespace whose pods
-    reach the broker and the S3 server; a bucket and the Secret with its keys there."""
-    cluster = nodes_e2e.cluster
-    ns = f"e2e-so-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", ns, check=True)
-    s3_port = int(s3_server.endpoint.rsplit(":", 1)[1])
-    cluster.expose_host_port(kafka_broker.cluster_port)
-    s3_address = cluster.expose_host_port(s3_port)
-    bucket = f"eop-{uuid.uuid4().hex[:12]}"
-    s3_server.create_bucket(bucket)
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "checkpoints-s3", "namespace": ns},
-        "stringData": s3_server.credentials_env(),
-    }
-    cluster.apply(secret)
-    checkpoint = {
-        "uri": f"s3a://{bucket}/pipelines",
-        "secretRef": {"name": "checkpoints-s3"},
-        "options": s3_server.hadoop_options() | {"fs.s3a.endpoint": f"http://{s3_address}"},
-    }
-    try:
-        with _operator(
-            nodes_e2e, ns, tmp_path_factory.mktemp("operator"), _operator_off_the_drivers_nodes(ns)
-        ) as operator:
-            yield ScaleOut(nodes_e2e, ns, operator, kafka_broker, s3_server, bucket, checkpoint)
-    finally:
-        _restore_lost_nodes(cluster)
-        cluster.kubectl("delete", "namespace", ns, "--wait=false")
-        cluster.unexpose_host_port(kafka_broker.cluster_port)
-        cluster.unexpose_host_port(s3_port)
-        s3_server.delete_bucket(bucket)
-
-
-def _restore_lost_nodes(cluster: LocalCluster) -> None:
-    for name, state in cluster.node_states().items():
-        if state == "lost":
-            cluster.restore_node(name)
-
-
-def _node_of(pod: dict[str, Any]) -> str:
-    return str(pod.get("spec", {}).get("nodeName") or "")
-
-
-def _committed(broker: KafkaBroker, pipeline: str, ns: str, topic: str) -> int:
-    """How many source records the pipeline's progress group has passed, summed."""
-    return sum(progress_offsets(broker, f"eop.{ns}.{pipeline}", topic).values())
-
-
-def _batch_after(
-    broker: KafkaBroker, group: str, topic: str, before: dict[int, int]
-) -> Callable[[], bool]:
-    """Whether a batch has committed since the progress group held ``before``: every
-    partition is past it, or at the end of what was written."""
-
-    def committed() -> bool:
-        done, end = progress_offsets(broker, group, topic), end_offsets(broker, topic)
-        return all(done.get(p, 0) > before.get(p, 0) or done.get(p, 0) >= e for p, e in end.items())
-
-    return committed
-
-
-#: A condition polled until it holds.
-Check = Callable[[], bool]
-
-
-def _first_held(
-    checks: dict[str, Check], timeout: float, what: Callable[[], str]
-) -> dict[str, float]:
-    """Poll every check until each has held once; the seconds until each first held."""
-    began, times = time.monotonic(), {}
-    while len(times) < len(checks):
-        for name, check in checks.items():
-            if name not in times and check():
-                times[name] = time.monotonic() - began
-        if time.monotonic() - began > timeout:
-            missing = sorted(set(checks) - set(times))
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {missing}: {what()}")
-        time.sleep(0.5)
-    return times
-
-
-def _wait_caught_up(so: ScaleOut, pipeline: str, topic: str, timeout: float) -> float:
-    """Wait until the progress group holds the source's end offsets; the seconds it took."""
-    began = time.monotonic()
-    state: dict[str, Any] = {}
-
-    def caught_up() -> bool:
-        state["end"] = end_offsets(so.broker, topic)
-        state["done"] = progress_offsets(so.broker, f"eop.{so.ns}.{pipeline}", topic)
-        return all(state["done"].get(p, 0) >= e for p, e in state["end"].items())
-
-    _eventually(
-        caught_up,
-        timeout,
-        lambda: (
-            f"{pipeline} caught up: end {state.get('end')}, committed {state.get('done')}"
-            + so.diagnostics(pipeline)()
-        ),
-    )
-    return time.monotonic() - began
+    """The module's operator, namespace, bucket (:func:`scale_out_environment`)."""
+    work_dir = tmp_path_factory.mktemp("operator")
+    with scale_out_environment(nodes_e2e, kafka_broker, s3_server, work_dir) as environment:
+        yield environment
 
 
 # ----------------------------------------------------------------------------- partitioned
@@ -347,8 +186,8 @@ class TestPartitionedOnExecutors:
         so, name = scale_out, wide.name
         pods = running(executor_pods(so.e2e, so.ns, name))
         driver = _driver_pod(so.e2e, so.ns, name)
-        nodes = sorted(_node_of(p) for p in pods)
-        print(f"driver on {_node_of(driver)}, executors on {nodes}")
+        nodes = sorted(node_of(p) for p in pods)
+        print(f"driver on {node_of(driver)}, executors on {nodes}")
         assert len(set(nodes)) == EXECUTORS, f"executors not spread over nodes: {nodes}"
         for pod in pods:
             assert_hardened(
@@ -370,7 +209,7 @@ class TestPartitionedOnExecutors:
         assert status["executorSelector"].endswith(f"exactlyonce.io/pipeline={name}")
 
         # A pod of another node: refused without the key and with a wrong one, let in with it.
-        other = next(n.name for n in so.cluster.nodes() if n.name != _node_of(driver))
+        other = next(n.name for n in so.cluster.nodes() if n.name != node_of(driver))
         began = time.monotonic()
         answers = _probe_pod(so, name, other, (host, int(port)))
         print(
@@ -385,7 +224,7 @@ class TestPartitionedOnExecutors:
         so, name = scale_out, wide.name
         cluster = so.cluster
         diagnostics = so.diagnostics(name)
-        operator_node = _node_of(_get(so.e2e, "pod", so.operator[1], "-n", f"{so.ns}-ops"))
+        operator_node = node_of(_get(so.e2e, "pod", so.operator[1], "-n", f"{so.ns}-ops"))
 
         def disrupted(what: str, disrupt: Callable[[], object], **recovered: Check) -> None:
             """Write records throughout; ``disrupt`` once output of them commits; wait until
@@ -398,32 +237,35 @@ class TestPartitionedOnExecutors:
             producer = BurstProducer(so.broker, wide.source, records, bursts=BURSTS, pause=1.0)
             producer.start()
             _eventually(
-                _batch_after(so.broker, group, wide.source, before),
+                batch_committed_since(so.broker, group, wide.source, before),
                 RECOVERY_TIMEOUT,
                 lambda: f"output of the records before {what}" + diagnostics(),
             )
             at_loss = progress_offsets(so.broker, group, wide.source)
             began = time.monotonic()
             disrupt()
-            times = _first_held(
+            times = first_held(
                 {
                     **recovered,
-                    "batch committed": _batch_after(so.broker, group, wide.source, at_loss),
+                    "batch committed": batch_committed_since(
+                        so.broker, group, wide.source, at_loss
+                    ),
                 },
                 RECOVERY_TIMEOUT,
                 lambda: f"recovery from {what}" + diagnostics(),
+                since=began,
             )
             producer.finish(120)
             wide.written += records
             times["caught up"] = (
-                time.monotonic() - began + _wait_caught_up(so, name, wide.source, RECOVERY_TIMEOUT)
+                time.monotonic() - began + wait_caught_up(so, name, wide.source, RECOVERY_TIMEOUT)
             )
             failure = exactly_once_failure(read_committed(so.broker, wide.sink), wide.written)
             assert failure is None, f"after {what}: {failure}" + diagnostics()
             assert wide.watch.most_running <= 1, f"two drivers at once by the end of {what}:\n" + (
                 wide.watch.timeline()
             )
-            _restore_lost_nodes(cluster)
+            restore_lost_nodes(cluster)
             seconds = ", ".join(f"{k} {v:.1f}" for k, v in times.items())
             print(f"{what}: {len(wide.written)} records exactly once; seconds after: {seconds}")
 
@@ -452,15 +294,13 @@ class TestPartitionedOnExecutors:
         # (b) The node of an executor is lost (not the driver's; not the operator's if it can).
         driver = _driver_pod(so.e2e, so.ns, name)
         pods = [
-            p
-            for p in running(executor_pods(so.e2e, so.ns, name))
-            if _node_of(p) != _node_of(driver)
+            p for p in running(executor_pods(so.e2e, so.ns, name)) if node_of(p) != node_of(driver)
         ]
         assert pods, "every executor runs on the driver's node" + diagnostics()
-        pods.sort(key=lambda p: _node_of(p) == operator_node)
-        lost = _node_of(pods[0])
+        pods.sort(key=lambda p: node_of(p) == operator_node)
+        lost = node_of(pods[0])
         on_lost = frozenset(
-            p["metadata"]["name"] for p in executor_pods(so.e2e, so.ns, name) if _node_of(p) == lost
+            p["metadata"]["name"] for p in executor_pods(so.e2e, so.ns, name) if node_of(p) == lost
         )
         disrupted(
             "executor-node",
@@ -471,7 +311,7 @@ class TestPartitionedOnExecutors:
         # (c) The driver's node is lost: the StatefulSet's pod moves once Kubernetes has deleted
         # the old one, and the new driver resumes the checkpoint generation in the bucket.
         driver = _driver_pod(so.e2e, so.ns, name)
-        lost, old = _node_of(driver), driver["metadata"]["uid"]
+        lost, old = node_of(driver), driver["metadata"]["uid"]
         assert lost != operator_node, "the operator shares the driver's node"
 
         def driver_moved() -> bool:
@@ -479,7 +319,7 @@ class TestPartitionedOnExecutors:
             return (
                 bool(pod)
                 and pod["metadata"]["uid"] != old
-                and _node_of(pod) != lost
+                and node_of(pod) != lost
                 and pod.get("status", {}).get("phase") == "Running"
             )
 
@@ -589,19 +429,19 @@ def test_a_windowed_count_on_executors_is_exact_after_an_executor_loss(
         _eventually(
             lambda: (
                 len(running(executor_pods(so.e2e, so.ns, name))) == EXECUTORS
-                and _committed(so.broker, name, so.ns, source) >= PER_BATCH
+                and committed_records(so.broker, name, so.ns, source) >= PER_BATCH
             ),
             START_TIMEOUT,
             lambda: f"{EXECUTORS} executors and a first batch" + diagnostics(),
         )
-        committed = _committed(so.broker, name, so.ns, source)
+        committed = committed_records(so.broker, name, so.ns, source)
         assert committed < len(records), "the count finished before an executor could be lost"
         victim = running(executor_pods(so.e2e, so.ns, name))[0]["metadata"]["name"]
         so.cluster.kubectl(
             "delete", "pod", victim, "-n", so.ns, "--grace-period=0", "--force", check=True
         )
         print(f"\nexecutor {victim} deleted after {committed} of {len(records)} events")
-        _wait_caught_up(so, name, source, RECOVERY_TIMEOUT)
+        wait_caught_up(so, name, source, RECOVERY_TIMEOUT)
 
         def windows() -> list[tuple[tuple[str, str], int]]:
             found = []
