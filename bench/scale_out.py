@@ -64,12 +64,14 @@ from tests.e2e.conftest import E2ECluster  # noqa: E402
 from tests.e2e.executor_pods import executor_pods, running  # noqa: E402
 from tests.e2e.pipelines_on_nodes import (  # noqa: E402
     EXECUTORS,
+    Check,
     ScaleOut,
     batch_committed_since,
     first_held,
     node_of,
     restore_lost_nodes,
     scale_out_environment,
+    then,
     wait_caught_up,
 )
 from tests.e2e.test_cluster import _driver_pod  # noqa: E402
@@ -202,6 +204,12 @@ def recoveries(so: ScaleOut) -> dict[str, float]:
     group = f"eop.{so.ns}.{name}"
     so.cluster.apply(manifest(so, name, "C 2 executors, S3", source, sink, 0))
     results: dict[str, float] = {}
+
+    def driver_replaced(uid: str) -> bool:
+        pod = _driver_pod(so.e2e, so.ns, name)
+        running_ = pod.get("status", {}).get("phase") == "Running"
+        return bool(pod) and pod["metadata"]["uid"] != uid and running_
+
     try:
         first_held(
             {
@@ -212,14 +220,25 @@ def recoveries(so: ScaleOut) -> dict[str, float]:
             lambda: "the recovery pipeline running",
         )
 
-        def lose(what: str, act: Callable[[], object]) -> None:
+        def committed_from_now() -> Check:
+            return batch_committed_since(
+                so.broker, group, source, progress_offsets(so.broker, group, source)
+            )
+
+        def lose(what: str, act: Callable[[], object], driver: str = "") -> None:
+            """``act``; the seconds to the next committed batch (with ``driver``, the uid of
+            the driver pod lost: a batch its replacement committed)."""
             time.sleep(10)  # a steady state first
             wait_caught_up(so, name, source, RECOVERY_TIMEOUT)
             at_loss = progress_offsets(so.broker, group, source)
             began = time.monotonic()
             act()
+            batch = batch_committed_since(so.broker, group, source, at_loss)
+            if driver:
+                # The old driver's executors may still commit the batch in flight.
+                batch = then(lambda: driver_replaced(driver), committed_from_now)
             held = first_held(
-                {"batch": batch_committed_since(so.broker, group, source, at_loss)},
+                {"batch": batch},
                 RECOVERY_TIMEOUT,
                 lambda: f"a batch after {what}",
                 since=began,
@@ -251,8 +270,12 @@ def recoveries(so: ScaleOut) -> dict[str, float]:
             if node_of(p) != driver_node
         )
         lose("executor's node lost", lambda: so.cluster.lose_node(node))
-        driver_node = node_of(_driver_pod(so.e2e, so.ns, name))
-        lose("driver's node lost", lambda: so.cluster.lose_node(driver_node))
+        driver = _driver_pod(so.e2e, so.ns, name)
+        lose(
+            "driver's node lost",
+            lambda: so.cluster.lose_node(node_of(driver)),
+            driver["metadata"]["uid"],
+        )
         return results
     finally:
         feed.stopping.set()

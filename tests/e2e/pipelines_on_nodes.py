@@ -172,6 +172,21 @@ def batch_committed_since(
 Check = Callable[[], bool]
 
 
+def then(first: Check, make_next: Callable[[], Check]) -> Check:
+    """A check that holds once ``first`` has held and then the check ``make_next`` makes at
+    that moment (e.g. a batch committed since then) holds."""
+    state: dict[str, Check] = {}
+
+    def check() -> bool:
+        if "next" not in state:
+            if not first():
+                return False
+            state["next"] = make_next()
+        return state["next"]()
+
+    return check
+
+
 def first_held(
     checks: dict[str, Check], timeout: float, what: Callable[[], str], since: float | None = None
 ) -> dict[str, float]:
