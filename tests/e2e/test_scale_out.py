@@ -442,7 +442,6 @@ def test_a_windowed_count_on_executors_is_exact_after_an_executor_loss(
         committed = committed_records(so.broker, name, so.ns, source)
         assert committed < len(records), "the count finished before an executor could be lost"
         victim = running(executor_pods(so.e2e, so.ns, name))[0]["metadata"]["name"]
-        print("MUTATION M7: deleted", so.s3.delete_prefix(so.bucket, f"pipelines/{so.ns}/{name}/gen-0/state/"))
         so.cluster.kubectl(
             "delete", "pod", victim, "-n", so.ns, "--grace-period=0", "--force", check=True
         )
