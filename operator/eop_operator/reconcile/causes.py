@@ -69,7 +69,7 @@ def _crash(pod: PodObservation, *, stuck: bool) -> Cause:
     return Cause(
         reason="CrashLoop" if stuck else "DriverRestarted",
         message=f"the driver exited (code {pod.termination.exit_code}) and restarted {times}; "
-        f"last: [{reason.value}] {_quote(message)}",
+        f"last: [{reason}] {_quote(message)}",
         stuck=stuck,
     )
 

@@ -143,8 +143,7 @@ class Plan:
                 Event(
                     type="Warning",
                     reason="Restarted",
-                    message=f"driver {failure.pod} ended ({failure.reason.value}): "
-                    f"{failure.message}",
+                    message=f"driver {failure.pod} ended ({failure.reason}): {failure.message}",
                 )
             )
 

@@ -19,6 +19,9 @@ from eop_spark.errors import EXIT_CONFIG, EXIT_PROGRESS_MISSING, EXIT_STATE_LOST
 from eop_spark.reasons import FailureReason, parse_failure_line
 from eop_spark.spec import duration_ms
 
+#: The reason of a driver pod that went with its node (``observe.lost_with_node``): not the
+#: runner's, which never got to say anything. Restarting on another node helps.
+NODE_LOST = "NodeLost"
 #: How many driver pods' termination counts are remembered.
 SEEN_PODS = 16
 #: Reasons a new checkpoint generation (from the progress group) repairs.
@@ -62,13 +65,16 @@ def _logged(line: str) -> str | None:
     return str(record["msg"]) if isinstance(record, dict) and "msg" in record else None
 
 
-def classify(termination: Termination) -> tuple[FailureReason, str]:
-    """The reason and message of a driver termination.
+def classify(termination: Termination) -> tuple[str, str]:
+    """The reason (a runner's :class:`FailureReason`, or :data:`NODE_LOST`) and message of a
+    driver termination.
 
     A driver killed before it wrote its one line (SIGKILL after the grace
     period, the OOM killer) has the last lines of its log as the message
     (``FallbackToLogsOnError``): the JSON log record is read down to its text.
     """
+    if termination.node_lost:
+        return NODE_LOST, termination.message
     reason, message = parse_failure_line(termination.message)
     logged = _logged(message) if reason is None else None
     if logged is not None:
@@ -84,7 +90,8 @@ class Failure:
 
     pod: str
     spec_hash: str | None
-    reason: FailureReason
+    #: A :class:`FailureReason` of the runner, or :data:`NODE_LOST`.
+    reason: str
     message: str
 
 
@@ -140,7 +147,7 @@ def count_failures(
     if ended and (previous.last_time is None or ended[-1][0] >= previous.last_time):
         at, last, _ = ended[-1]
         status = status.model_copy(
-            update={"last_reason": last.reason.value, "last_message": last.message, "last_time": at}
+            update={"last_reason": str(last.reason), "last_message": last.message, "last_time": at}
         )
     return Counted(status=status, new=tuple(failure for _, failure, _ in ended))
 

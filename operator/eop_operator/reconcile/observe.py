@@ -19,12 +19,48 @@ from eop_operator.render.naming import GENERATION_ANNOTATION, SPEC_HASH_ANNOTATI
 class Termination:
     """The last time the driver container ended."""
 
-    exit_code: int
+    #: None: no kubelet ever reported an end (the pod went with its node).
+    exit_code: int | None
     message: str
     #: Whether it ended right now (state.terminated) rather than before a restart.
     current: bool = False
     #: When it ended (the kubelet's ``finishedAt``, RFC 3339 seconds), if known.
     finished_at: str | None = None
+    #: The pod was ended by Kubernetes while its container ran as last reported: its node
+    #: stopped reporting (lost, cut off or shut down) and the pod was evicted or
+    #: garbage-collected there (see :func:`lost_with_node`).
+    node_lost: bool = False
+
+
+def lost_with_node(pod: dict[str, Any]) -> Termination | None:
+    """The end of a driver pod that Kubernetes failed while no kubelet said its container ended.
+
+    A node that stops reporting cannot tell that its containers stopped: the API server keeps
+    the container ``running`` until the pod is gone. The taint manager (a ``NoExecute``
+    taint: ``node.kubernetes.io/out-of-service``, or ``unreachable``/``not-ready`` after the
+    toleration) or PodGC marks the pod ``DisruptionTarget`` and ``Failed`` and deletes it;
+    the StatefulSet then starts the driver on another node.
+    """
+    meta, status = pod.get("metadata", {}), pod.get("status", {})
+    if status.get("phase") != "Failed":
+        return None
+    for container in status.get("containerStatuses") or []:
+        if container.get("name") == "driver" and "running" not in (container.get("state") or {}):
+            return None
+    disruption: dict[str, Any] = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "DisruptionTarget"), {}
+    )
+    node = pod.get("spec", {}).get("nodeName") or "?"
+    why = " ".join(
+        str(disruption.get(k) or "").strip() for k in ("reason", "message") if disruption.get(k)
+    )
+    return Termination(
+        exit_code=None,
+        message=f"the driver pod was deleted while its node {node} was not reporting"
+        + (f" ({why})" if why else ""),
+        finished_at=disruption.get("lastTransitionTime") or meta.get("deletionTimestamp"),
+        node_lost=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -104,6 +140,7 @@ class PodObservation:
                     current=now is not None,
                     finished_at=ended.get("finishedAt"),
                 )
+        termination = lost_with_node(pod) or termination
         generation = annotations.get(GENERATION_ANNOTATION)
         scheduled: dict[str, Any] = next(
             (c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {}

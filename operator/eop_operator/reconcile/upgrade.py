@@ -104,7 +104,7 @@ def begin(
 def recover(plan: Plan, failure: Failure, from_hash: str | None) -> Decision | None:
     """A new generation for a checkpoint the driver cannot use, when allowed."""
     s, generation = plan.s, plan.generation
-    if failure.reason is FailureReason.CHECKPOINT_LOST:
+    if failure.reason == FailureReason.CHECKPOINT_LOST:
         return begin(
             plan,
             UpgradeMode.COMMITTED_OFFSETS,
@@ -118,7 +118,7 @@ def recover(plan: Plan, failure: Failure, from_hash: str | None) -> Decision | N
                 "progress group",
             ),
         )
-    if failure.reason is FailureReason.CORRUPT_CHECKPOINT:
+    if failure.reason == FailureReason.CORRUPT_CHECKPOINT:
         delay = backoff_seconds(plan.failover, s.failover)
         return begin(
             plan,
@@ -267,7 +267,7 @@ def _starting(plan: Plan, wal: UpgradeStatus) -> Decision | None:
         return None
     failure = plan.checkpoint_failure(wal.to_hash)
     if failure is not None and not (
-        failure.reason is FailureReason.INCOMPATIBLE_CHECKPOINT
+        failure.reason == FailureReason.INCOMPATIBLE_CHECKPOINT
         and wal.mode is not UpgradeMode.LAST_STATE
     ):
         decision = recover(plan, failure, wal.to_hash)
