@@ -294,11 +294,12 @@ def bring_up_cluster() -> tuple[LocalCluster, Images]:
 
 
 def operator_values(cluster: LocalCluster, images: Images, watch: list[str]) -> dict[str, Any]:
-    """Chart values for the local cluster: host network, loopback apiserver, local images."""
+    """Chart values for the local cluster: its images, and on the single node (no pod network)
+    the host network and the loopback apiserver. The multi-node cluster has a pod network,
+    kube-proxy and cluster DNS: the chart's defaults hold there."""
     from devenv.processes import free_port
 
-    health_port = free_port()
-    return {
+    values: dict[str, Any] = {
         "image": {
             "repository": images.operator.rsplit(":", 1)[0],
             "tag": images.operator.rsplit(":", 1)[1],
@@ -306,6 +307,11 @@ def operator_values(cluster: LocalCluster, images: Images, watch: list[str]) -> 
         },
         "defaultPipelineImage": images.spark,
         "watchNamespaces": watch,
+    }
+    if cluster.pod_network:
+        return values
+    health_port = free_port()
+    return values | {
         "hostNetwork": True,
         # No pod network: pipelines run on the node's network too (refused by default).
         "pipelinePolicy": {"allowHostNetwork": True},

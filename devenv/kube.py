@@ -30,11 +30,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import IO, Self
+from typing import IO, Any, Self
 
 from devenv.processes import free_port, spawn_logged, terminate
 from devenv.versions import cache_root, versions
@@ -54,6 +54,26 @@ BUILD_SCRIPT = Path(__file__).with_name("build-kube.sh")
 DEFAULT_SERVICE_CIDR = "10.0.0.0/24"
 
 _LOOPBACK = "127.0.0.1"
+
+
+#: The apiserver's audit policy with ``audit=True``: completed requests, metadata only.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [{"level": "Metadata"}],
+}
+
+
+def audit_entries(log: Path, offset: int = 0) -> Iterator[dict[str, Any]]:
+    """The audit log's entries from byte ``offset`` on (``ControlPlane(audit=True)``)."""
+    if not log.exists():
+        return
+    with log.open() as lines:
+        lines.seek(offset)
+        for line in lines:
+            if line.endswith("\n"):  # the apiserver may be writing the last one
+                yield json.loads(line)
 
 
 class ControlPlaneError(RuntimeError):
@@ -166,6 +186,7 @@ class ControlPlane:
         apiserver_bind_address: str = _LOOPBACK,
         advertise_address: str = _LOOPBACK,
         extra_sans: Sequence[str] = (),
+        audit: bool = False,
     ) -> None:
         """Configure (but do not start) a control plane in ``work_dir``.
 
@@ -178,6 +199,8 @@ class ControlPlane:
         publishes as the ``kubernetes`` Service's endpoint: on loopback (the default) it
         publishes none, as Endpoints may not hold loopback addresses. ``extra_sans`` are more
         subjectAltNames of the apiserver's certificate (``IP:10.88.0.1``), for a new ``pki/``.
+        ``audit`` has the apiserver log every completed request (who, verb, object) to
+        ``audit_log``; :func:`audit_entries` reads it.
         """
         self.work_dir = Path(work_dir).resolve()
         self.binaries = binaries if binaries is not None else KubeBinaries.from_cache()
@@ -194,6 +217,7 @@ class ControlPlane:
         self.log_dir = self.work_dir / "logs"
         self.etcd_data_dir = self.work_dir / "etcd-data"
         self.kubeconfig = self.work_dir / "admin.kubeconfig"
+        self.audit_log: Path | None = self.work_dir / "audit.log" if audit else None
         self.etcd_port = 0
         self.apiserver_port = 0
         self.controller_manager_port = 0
@@ -201,6 +225,13 @@ class ControlPlane:
         self.start_seconds = 0.0
         self._procs: list[_Proc] = []
         self._atexit_registered = False
+
+    def _audit_args(self) -> list[str]:
+        if self.audit_log is None:
+            return []
+        policy = self.work_dir / "audit-policy.json"
+        policy.write_text(json.dumps(AUDIT_POLICY))
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}"]
 
     # ------------------------------------------------------------------ paths
 
@@ -651,6 +682,7 @@ class ControlPlane:
                 ),
                 "--allow-privileged=true",
                 "--profiling=false",
+                *self._audit_args(),
                 *self.extra_apiserver_args,
             ],
         )

@@ -1,9 +1,9 @@
 """eop's control plane: the ExactlyOncePipeline API, rendering, and the kopf operator.
 
-Layers, each importing only those to its left::
+Layers, each importing only those to its left (docs/architecture.md maps them)::
 
     api (models, CRD) -> render (pure: pipeline -> objects) -> reconcile (pure decisions)
-        -> kube (API I/O) -> handlers (kopf wiring) -> cli
+        -> kube (API I/O) -> health, metrics -> controller (kopf wiring, loops) -> cli
 
 The data plane is imported only through its contract (``eop_spark.contract``:
 spec models, run config, errors, and ``kafka_access`` for the health checks'

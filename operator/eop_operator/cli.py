@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -18,6 +19,9 @@ from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.render.pod_policy import PodPolicy
 from eop_operator.render.ports import HostPortRange
 from eop_operator.render.rbac import DEFAULT_DRIVER_ROLE, DriverRole
+
+if TYPE_CHECKING:
+    from eop_operator.controller.context import OperatorOptions
 
 #: Exit code for a manifest or configuration the user must fix.
 EXIT_INVALID = 2
@@ -121,20 +125,26 @@ def cmd_operator(args: argparse.Namespace) -> int:
     """Run the kopf operator against the current kubeconfig or in-cluster config."""
     import asyncio
 
+    # kopf imports the kubernetes client package, when installed, only to recognise its
+    # models in handler results; the operator returns none.  Its image does not install it;
+    # where it is installed (a development venv) its models stay out of memory all the same.
+    sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
     import kopf
 
-    from eop_operator import handlers
+    from eop_operator.controller.context import OperatorOptions
 
-    handlers.OPTIONS.default_image = args.default_image
-    handlers.OPTIONS.host_ports = args.host_ports
-    handlers.OPTIONS.driver_role = args.driver_role
-    handlers.OPTIONS.pod_policy = PodPolicy(
-        allow_host_network=args.allow_host_network,
-        allow_host_path_volumes=args.allow_host_path_volumes,
+    options = OperatorOptions(
+        default_image=args.default_image,
+        host_ports=args.host_ports,
+        driver_role=args.driver_role,
+        pod_policy=PodPolicy(
+            allow_host_network=args.allow_host_network,
+            allow_host_path_volumes=args.allow_host_path_volumes,
+        ),
     )
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
     try:
-        return asyncio.run(_operate(args))
+        return asyncio.run(_operate(args, options))
     except ValueError as exc:
         return _fail(str(exc))
 
@@ -162,7 +172,7 @@ def _operator_namespace(explicit: str | None) -> str:
 _SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
-async def _operate(args: argparse.Namespace) -> int:
+async def _operate(args: argparse.Namespace, options: OperatorOptions) -> int:
     """Serve metrics and liveness, wait for the leader lease if asked, then run kopf."""
     import asyncio
     import logging
@@ -172,8 +182,9 @@ async def _operate(args: argparse.Namespace) -> int:
 
     import kopf
 
-    from eop_operator import metrics, monitor  # noqa: F401  (monitor registers its handlers)
-    from eop_operator.handlers import connection_info
+    from eop_operator import metrics
+    from eop_operator.controller import registration
+    from eop_operator.controller.registration import connection_info
     from eop_operator.kube.client import KubeClient
     from eop_operator.kube.lease import LeaderElector
 
@@ -203,8 +214,15 @@ async def _operate(args: argparse.Namespace) -> int:
             await elector.acquire()
             tasks.add(asyncio.create_task(elector.hold(), name="leader lease"))
         metrics.set_leader(True)
+        settings = kopf.OperatorSettings()
+        registration.configure(settings)
+        registry = kopf.OperatorRegistry()
+        registration.register(registry)
         operator = asyncio.create_task(
             kopf.operator(
+                registry=registry,
+                settings=settings,
+                memo=registration.memo(options, settings),
                 clusterwide=args.all_namespaces,
                 namespaces=args.namespace or (),
                 standalone=True,

@@ -311,9 +311,12 @@ def _termination_messages(pod: dict[str, Any]) -> list[str]:
 
 
 @contextlib.contextmanager
-def _operator(e2e: E2ECluster, ns: str, tmp_path: Path) -> Iterator[tuple[str, str]]:
+def _operator(
+    e2e: E2ECluster, ns: str, tmp_path: Path, extra_values: dict[str, Any] | None = None
+) -> Iterator[tuple[str, str]]:
     """The chart installed into ``<ns>-ops`` watching ``ns``; yields (its namespace, its pod).
 
+    ``extra_values``: chart values on top of the cluster's (``demo.run.operator_values``).
     On exit the pipelines of ``ns`` are deleted while the operator still runs (it removes
     their finalizer), then the release.
     """
@@ -322,7 +325,7 @@ def _operator(e2e: E2ECluster, ns: str, tmp_path: Path) -> Iterator[tuple[str, s
     release = f"eop-{ns.removeprefix('e2e-')}"
     cluster.kubectl("create", "namespace", ops_ns, check=True)
     images = Images(operator=e2e.operator_image, spark=e2e.spark_image)
-    values = operator_values(cluster, images, [ns])
+    values = operator_values(cluster, images, [ns]) | (extra_values or {})
     values_file = tmp_path / "values.json"
     values_file.write_text(json.dumps(values))
     try:

@@ -15,12 +15,14 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from devenv.kube import ControlPlane
+from devenv.kube import ControlPlane, audit_entries
 from devenv.processes import free_port
+from eop_operator.kube.client import FIELD_MANAGER
 
 T = TypeVar("T")
 
@@ -37,6 +39,23 @@ def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 60.0) ->
             return value
         time.sleep(0.3)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def audit_mark(cp: ControlPlane) -> int:
+    """Where the control plane's audit log ends now (see :func:`operator_requests`)."""
+    assert cp.audit_log is not None, "the control plane keeps no audit log"
+    return cp.audit_log.stat().st_size if cp.audit_log.exists() else 0
+
+
+def operator_requests(cp: ControlPlane, namespace: str, since: int) -> Counter[tuple[str, str]]:
+    """The operator's own requests (kopf's aside) in ``namespace``: (verb, resource) -> count."""
+    assert cp.audit_log is not None, "the control plane keeps no audit log"
+    return Counter(
+        (entry["verb"], entry["objectRef"]["resource"])
+        for entry in audit_entries(cp.audit_log, since)
+        if entry.get("userAgent") == FIELD_MANAGER
+        and entry.get("objectRef", {}).get("namespace") == namespace
+    )
 
 
 def install_chart(cp: ControlPlane, release: str, namespace: str) -> Path:

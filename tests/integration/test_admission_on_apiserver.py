@@ -98,6 +98,8 @@ def test_a_copy_pasted_prefix_is_refused_until_the_first_pipeline_is_gone(
 
     # Three lifecycle ticks later: nothing was created for the copy, the first is untouched.
     wait_for(lambda: _status(cp, "orders", ns).get("specHash"), "the first one's status")
+    # An edit that leaves the spec alone is an event, and the copy is looked at again.
+    cp.kubectl("label", "eop", "orders-copy", "-n", ns, "team=orders", check=True)
     time.sleep(12)
     for kind, child in COPY_CHILDREN:
         assert _get(cp, kind, child, ns) is None, f"{kind}/{child} was created for the copy"
@@ -106,6 +108,8 @@ def test_a_copy_pasted_prefix_is_refused_until_the_first_pipeline_is_gone(
     assert still["metadata"]["generation"] == first["metadata"]["generation"]
     assert _status(cp, "orders", ns).get("phase") == "Pending"  # no kubelet: never Running
     assert not _warnings(cp, ns, "orders")
+    # Said once: the copy's later events and looks repeat neither the event nor the status.
+    assert len(_warnings(cp, ns, "orders-copy")) == 1
 
     # The first goes away: the copy proceeds on its next look.
     cp.kubectl("delete", "eop", "orders", "-n", ns, "--wait=true", "--timeout=60s", check=True)

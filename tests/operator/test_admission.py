@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 from eop_operator.api.load import load_pipeline
-from eop_operator.handlers import checkpoint_on_delete
+from eop_operator.controller.finalizer import checkpoint_on_delete
 from eop_operator.reconcile.admission import (
     Claimant,
     claimed_identities,

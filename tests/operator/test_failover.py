@@ -6,6 +6,7 @@ import datetime
 
 from eop_operator.api.models import FailoverSpec, FailoverStatus
 from eop_operator.reconcile.failover import (
+    NODE_LOST,
     backoff_seconds,
     classify,
     count_failures,
@@ -160,3 +161,60 @@ def test_a_driver_killed_before_its_line_is_read_from_its_last_log_record() -> N
     assert reason is FailureReason.FAILED
     assert message == "exit 137 without a message; last logged: batch 7"
     assert classify(Termination(137, "OOMKilled"))[1] == "OOMKilled"
+
+
+def lost_driver_pod(uid: str = "lost") -> dict[str, object]:
+    """A driver pod as the API server shows it once its node stopped reporting and the taint
+    manager failed it (read from the multi-node cluster after ``node-lose``)."""
+    return {
+        "metadata": {
+            "name": "p-driver-0",
+            "uid": uid,
+            "deletionTimestamp": "2026-11-26T07:56:43Z",
+        },
+        "spec": {"nodeName": "node3"},
+        "status": {
+            "phase": "Failed",
+            "conditions": [
+                {"type": "Ready", "status": "False"},
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "DeletionByTaintManager",
+                    "message": "Taint manager: deleting due to NoExecute taint",
+                    "lastTransitionTime": "2026-11-26T07:56:43Z",
+                },
+            ],
+            "containerStatuses": [
+                {
+                    "name": "driver",
+                    "restartCount": 0,
+                    "state": {"running": {"startedAt": "2026-11-26T07:54:45Z"}},
+                }
+            ],
+        },
+    }
+
+
+def test_a_driver_pod_that_went_with_its_node_is_one_restart_named_node_lost() -> None:
+    """No kubelet reports the end of a container on a lost node: the pod's Failed phase and
+    its DisruptionTarget condition say what happened, once."""
+    observed = PodObservation.from_pod(lost_driver_pod())
+    assert observed.failures == 1
+    assert observed.termination is not None and observed.termination.node_lost
+    reason, message = classify(observed.termination)
+    assert reason == NODE_LOST
+    assert "node node3 was not reporting" in message and "DeletionByTaintManager" in message
+    # Seen while it is still listed, then once more in its DELETED event: one restart.
+    first = count_failures(FailoverStatus(), (observed,), now=NOW, spec=SPEC)
+    assert first.status.restarts == 1 and first.status.last_reason == NODE_LOST
+    assert first.status.last_time == "2026-11-26T07:56:43Z"
+    gone = DriverState.from_objects(None, [], departed=[lost_driver_pod()])
+    again = count_failures(first.status, gone.departed, now=NOW, spec=SPEC)
+    assert again.status.restarts == 1 and again.new == ()
+    # A pod whose container did report its end (an eviction it honoured) is the runner's.
+    honoured = lost_driver_pod("drained")
+    honoured["status"]["containerStatuses"][0]["state"] = {  # type: ignore[index]
+        "terminated": {"exitCode": 0, "message": "", "finishedAt": "2026-11-26T07:56:50Z"}
+    }
+    assert not PodObservation.from_pod(honoured).termination.node_lost  # type: ignore[union-attr]

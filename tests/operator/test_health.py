@@ -14,6 +14,7 @@ import pytest
 
 from eop_operator import metrics
 from eop_operator.api.load import load_pipeline
+from eop_operator.api.status_patch import merge_patch
 from eop_operator.health.keep_alive import driver_runs
 from eop_operator.health.progress import (
     KafkaAccess,
@@ -21,18 +22,18 @@ from eop_operator.health.progress import (
     source_partitions,
     start_positions,
 )
+from eop_operator.health.report import health_patch, held_partitions, lost_progress, ready_since
 from eop_operator.health.stall import (
-    Observation,
     PartitionOffsets,
     ProgressHistory,
+    Reading,
     advanced,
     assess,
     input_rate,
-    observe,
+    remember,
     worst_partitions,
 )
 from eop_operator.kube.lease import LeaseAction, LeaseRecord, decide
-from eop_operator.monitor import held_partitions, lost_progress, progress_status, ready_since
 from eop_spark.contract.spec import KafkaSource
 
 WINDOW = 300.0
@@ -42,14 +43,14 @@ def part(p: int, committed: int | None, end: int, *, start: int = 0, topic: str 
     return PartitionOffsets(topic, p, committed, end, start)
 
 
-def obs(at: float, *partitions: PartitionOffsets) -> Observation:
-    return Observation(at, tuple(partitions))
+def obs(at: float, *partitions: PartitionOffsets) -> Reading:
+    return Reading(at, tuple(partitions))
 
 
-def fold(*observations: Observation) -> ProgressHistory:
+def fold(*readings: Reading) -> ProgressHistory:
     history = None
-    for o in observations:
-        history = observe(history, o)
+    for o in readings:
+        history = remember(history, o)
     assert history is not None
     return history
 
@@ -156,7 +157,9 @@ def test_last_commit_time_is_only_reported_once_an_advance_was_seen() -> None:
 def test_status_fields_of_a_check() -> None:
     a, b = obs(0, part(0, 3, 20), part(1, None, 4)), obs(10, part(0, 5, 40), part(1, None, 4))
     health = assess(fold(a, b), b, stall_timeout=WINDOW, ready_since=0)
-    status = progress_status(health, checked_at=b.at)
+    # The last check could not read the offsets; this one can.
+    before = {"lag": 3, "progress": {"lag": 3, "message": "the broker does not answer"}}
+    status = merge_patch(health_patch(health, checked_at=b.at), before)
     assert status["lag"] == status["progress"]["lag"] == 35 + 4
     assert status["progress"]["worstPartitions"][0] == {
         "topic": "in",
@@ -373,8 +376,8 @@ def test_the_operator_refreshes_progress_only_while_no_driver_container_runs(
 
 
 def test_the_partitions_progress_held_are_recorded_and_their_loss_is_named() -> None:
-    def seen(*committed: int | None) -> Observation:
-        return Observation(
+    def seen(*committed: int | None) -> Reading:
+        return Reading(
             at=0.0,
             partitions=tuple(
                 PartitionOffsets("in", p, c, end=9, start=0) for p, c in enumerate(committed)

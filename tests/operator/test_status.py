@@ -7,15 +7,16 @@ from typing import Any
 
 from eop_operator.api.load import load_pipeline
 from eop_operator.api.models import Condition, ConditionStatus, Phase, PipelineStatus
+from eop_operator.api.status_patch import StatusPatch, merge_patch
+from eop_operator.reconcile.causes import Cause, diagnose
+from eop_operator.reconcile.decision import Degradation
 from eop_operator.reconcile.observe import ClaimState, DriverState, WarningEvent
 from eop_operator.reconcile.status import (
-    Cause,
     DriverObservation,
-    diagnose,
     judge,
     lifecycle_verdict,
     scale_status,
-    status_patch,
+    verdict_status,
 )
 
 RUNNING = DriverObservation(desired=1, ready=1, rolled_out=True)
@@ -35,8 +36,17 @@ def test_phases() -> None:
     assert invalid.phase is Phase.INVALID and invalid.degraded and invalid.message == "bad sql"
 
 
-def _conditions(patch: dict[str, object]) -> dict[str, dict[str, str]]:
-    return {c["type"]: c for c in patch["conditions"]}  # type: ignore[attr-defined, index]
+def written(patch: StatusPatch, current: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the operator sends for ``patch`` to a status that holds ``current``."""
+    return merge_patch(patch, current or {})
+
+
+def status_patch(verdict: Any, **kwargs: Any) -> dict[str, Any]:
+    return written(verdict_status(verdict, **kwargs))
+
+
+def _conditions(patch: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return {c["type"]: c for c in patch["conditions"]}
 
 
 def test_conditions_are_kstatus_compatible() -> None:
@@ -95,16 +105,23 @@ def test_scale_status_reports_the_executors_of_the_ready_driver(manifest: dict[s
     selector = "app.kubernetes.io/name=eop-executor,app.kubernetes.io/instance=clean,"
     selector += "app.kubernetes.io/component=executor,exactlyonce.io/pipeline=clean"
     running = DriverObservation.from_statefulset(sts)
-    assert scale_status(pipeline, running) == {"executors": 4, "executorSelector": selector}
+    assert written(scale_status(pipeline, running)) == {
+        "executors": 4,
+        "executorSelector": selector,
+    }
     # A driver being rolled out with a new count, or not Ready yet, runs none of them.
     sts["status"]["updateRevision"] = "b"  # type: ignore[index]
     rolling = DriverObservation.from_statefulset(sts)
-    assert scale_status(pipeline, rolling)["executors"] == 0
-    assert scale_status(pipeline, None)["executors"] == 0
+    assert scale_status(pipeline, rolling).executors == 0
+    assert scale_status(pipeline, None).executors == 0
     # Local mode: nothing to scale, both fields removed.
     manifest["spec"]["spark"] = {"master": "local[2]"}
     local = load_pipeline(manifest)
-    assert scale_status(local, RUNNING) == {"executors": None, "executorSelector": None}
+    before = {"executors": 4, "executorSelector": selector}
+    assert written(scale_status(local, RUNNING), before) == {
+        "executors": None,
+        "executorSelector": None,
+    }
 
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
@@ -256,13 +273,13 @@ def test_the_claim_missing_or_pending_is_the_cause_of_a_waiting_pod() -> None:
 
 
 def test_a_stuck_cause_makes_the_pipeline_degraded_and_not_ready() -> None:
-    stuck = Cause("ImagePullFailed", "the driver image cannot be pulled", True)
+    stuck = Cause(reason="ImagePullFailed", message="the driver image cannot be pulled", stuck=True)
     verdict = lifecycle_verdict(
         suspend=False, driver=RUNNING, degraded=None, upgrading=None, cause=stuck
     )
     assert verdict.phase is Phase.DEGRADED and not verdict.ready and verdict.degraded
     assert verdict.reason == "ImagePullFailed"
-    waiting = Cause("Unschedulable", "0/1 nodes", False)
+    waiting = Cause(reason="Unschedulable", message="0/1 nodes", stuck=False)
     verdict = lifecycle_verdict(
         suspend=False, driver=STARTING, degraded=None, upgrading=None, cause=waiting
     )
@@ -297,7 +314,9 @@ def test_every_degraded_pipeline_is_stalled_for_gitops_tools() -> None:
     verdict = lifecycle_verdict(
         suspend=False,
         driver=STARTING,
-        degraded=("CrashLoop", "eop: error: the sink Kafka cluster refused the login"),
+        degraded=Degradation(
+            reason="CrashLoop", message="eop: error: the sink Kafka cluster refused the login"
+        ),
         upgrading=None,
     )
     patch = status_patch(verdict, previous=PipelineStatus(), generation=2, ready="0/1", now="T")
@@ -310,3 +329,22 @@ def test_every_degraded_pipeline_is_stalled_for_gitops_tools() -> None:
         healthy, previous=PipelineStatus(), generation=2, ready="1/1", now="T"
     )
     assert _conditions(healthy_patch)["Stalled"]["status"] == "False"
+
+
+def test_a_driver_that_restarted_a_moment_ago_is_looked_at_again_when_it_counts_as_running() -> (
+    None
+):
+    """Between two crashes a driver is Ready: it runs only after a minute without a restart."""
+    ended = {"exitCode": 1, "finishedAt": "2026-01-01T11:59:40Z"}  # 20 s before NOW
+    restarted = driver_pod(
+        phase="Running",
+        conditions=[{"type": "Ready", "status": "True"}],
+        **container(restartCount=1, state={"running": {}}, lastState={"terminated": ended}),
+    )
+    driver = DriverState.from_objects({"metadata": {}, "spec": {}}, [restarted])
+    assert not driver.steady_with(None, NOW)
+    assert driver.recovers_in(NOW) == 40.0
+    later = NOW + datetime.timedelta(seconds=41)
+    assert driver.recovers_in(later) == float("inf")
+    never = DriverState.from_objects(None, [driver_pod(phase="Pending", **container())])
+    assert never.recovers_in(NOW) == float("inf")

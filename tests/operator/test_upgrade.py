@@ -17,15 +17,12 @@ from eop_operator.api.models import (
     UpgradeStatus,
     UpgradeStep,
 )
+from eop_operator.api.status_patch import merge_patch
+from eop_operator.reconcile.decision import Action, Decision, Situation, target_generation
 from eop_operator.reconcile.failover import stamp
 from eop_operator.reconcile.observe import ClaimState, DriverState, PodObservation, Termination
-from eop_operator.reconcile.upgrade import (
-    Action,
-    Decision,
-    Situation,
-    decide,
-    target_generation,
-)
+from eop_operator.reconcile.upgrade import decide
+from tests.operator.merge_patch import merged
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
 
@@ -80,22 +77,16 @@ def situation(
 
 
 def apply_status(status: PipelineStatus, decision: Decision) -> PipelineStatus:
-    """The status after the handler wrote the decision's merge patch."""
-    data = status.model_dump(by_alias=True, mode="json")
-    for key, value in decision.status.items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            merged = {**data[key], **value}
-            data[key] = {k: v for k, v in merged.items() if v is not None}
-        else:
-            data[key] = value
-    return PipelineStatus.model_validate(data)
+    """The status after the lifecycle wrote the decision's record."""
+    data = status.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return PipelineStatus.model_validate(merged(data, merge_patch(decision.record, data)))
 
 
 def test_creation_submits_generation_zero() -> None:
     decision = decide(situation(PipelineStatus(), DriverState()))
     assert decision.action is Action.APPLY and decision.replicas == 1
     assert decision.generation == 0 and not decision.reset_progress
-    assert decision.status["specHash"] == "v1-g0"
+    assert decision.record.spec_hash == "v1-g0"
     assert [e.reason for e in decision.events] == ["Submitted"]
 
 
@@ -107,7 +98,7 @@ def test_creation_while_suspended_applies_zero_replicas() -> None:
 def test_nothing_changed_waits_and_writes_nothing() -> None:
     decision = decide(situation(steady(), running("v1-g0")))
     assert decision.action is Action.WAIT
-    assert decision.status == {} and decision.events == ()
+    assert decision.record.model_fields_set == set() and decision.events == ()
 
 
 def test_in_place_change_is_applied_without_a_restart() -> None:
@@ -117,8 +108,8 @@ def test_in_place_change_is_applied_without_a_restart() -> None:
     s = dataclasses.replace(s, fingerprint="v1-retention")
     decision = decide(s)
     assert decision.action is Action.APPLY and decision.replicas == 1
-    assert "upgrade" not in decision.status
-    assert decision.status["appliedFingerprint"] == "v1-retention"
+    assert "upgrade" not in decision.record.model_fields_set
+    assert decision.record.applied_fingerprint == "v1-retention"
 
 
 @pytest.mark.parametrize(
@@ -133,10 +124,11 @@ def test_each_mode_picks_its_generation(mode: UpgradeMode, generation: int, rese
     assert target_generation(mode, 3, False) == (generation, reset)
     decision = decide(situation(steady(generation=3), running("v1-g3"), version="v2", mode=mode))
     assert decision.action is Action.STOP
-    wal = decision.status["upgrade"]
-    assert wal["step"] == "Stopping" and wal["mode"] == mode.value
-    assert wal["generation"] == generation and wal["resetProgress"] is reset
-    assert wal["fromHash"] == "v1-g3" and wal["toHash"] == hashes("v2")(generation, reset)
+    wal = decision.record.upgrade
+    assert wal is not None
+    assert wal.step is UpgradeStep.STOPPING and wal.mode is mode
+    assert wal.generation == generation and wal.reset_progress is reset
+    assert wal.from_hash == "v1-g3" and wal.to_hash == hashes("v2")(generation, reset)
     assert [e.reason for e in decision.events] == ["Upgrading"]
 
 
@@ -172,7 +164,7 @@ def test_an_upgrade_stops_the_old_driver_before_starting_the_new(mode: UpgradeMo
     assert reasons == ["Upgrading", "Upgraded"]
     final, _ = trace[-1]
     assert final.action is Action.WAIT
-    assert final.status.get("lastStableFingerprint") == "v2"
+    assert final.record.last_stable_fingerprint == "v2"
 
 
 def test_stopping_waits_for_the_old_pod_to_be_gone() -> None:
@@ -194,8 +186,9 @@ def test_stopping_waits_for_the_old_pod_to_be_gone() -> None:
     gone = DriverState(exists=True, replicas=0, template_hash="v1-g0")
     decision = decide(situation(status, gone, version="v2"))
     assert decision.action is Action.APPLY and decision.generation == 1
-    assert decision.status["upgrade"]["step"] == "Starting"
-    assert decision.status["checkpoint"] == {"generation": 1, "resetProgress": False}
+    assert decision.record.upgrade is not None
+    assert decision.record.upgrade.step is UpgradeStep.STARTING
+    assert decision.record.checkpoint == CheckpointStatus(generation=1, reset_progress=False)
 
 
 def starting(to_hash: str = "v2-g0", **kwargs: Any) -> PipelineStatus:
@@ -225,9 +218,9 @@ def test_the_readiness_timeout_rolls_back_when_enabled() -> None:
     upgrade = UpgradeSpec(rollback=True)
     decision = decide(situation(starting(), new_driver, version="v2", now=late, upgrade=upgrade))
     assert decision.action is Action.STOP
-    assert decision.status["rolledBackFingerprint"] == "v2"
-    assert decision.status["upgrade"]["reason"] == "RolledBack"
-    assert decision.status["upgrade"]["generation"] == 1  # a new generation from G
+    assert decision.record.rolled_back_fingerprint == "v2"
+    assert decision.record.upgrade.reason == "RolledBack"
+    assert decision.record.upgrade.generation == 1  # a new generation from G
     assert "RolledBack" in [e.reason for e in decision.events]
 
 
@@ -235,7 +228,7 @@ def test_without_rollback_a_late_driver_is_degraded() -> None:
     late = NOW + datetime.timedelta(minutes=6)
     decision = decide(situation(starting(), running("v2-g0", ready=False), version="v2", now=late))
     assert decision.action is Action.WAIT
-    assert decision.degraded is not None and decision.degraded[0] == "UpgradeNotReady"
+    assert decision.degraded is not None and decision.degraded.reason == "UpgradeNotReady"
 
 
 def test_before_the_timeout_it_waits() -> None:
@@ -259,9 +252,10 @@ def test_an_incompatible_checkpoint_falls_back_to_committed_offsets() -> None:
     )
     decision = decide(situation(starting(), driver, version="v2"))
     assert decision.action is Action.STOP
-    wal = decision.status["upgrade"]
-    assert wal["reason"] == "FellBack" and wal["mode"] == "committed-offsets"
-    assert wal["generation"] == 1
+    wal = decision.record.upgrade
+    assert wal is not None
+    assert wal.reason == "FellBack" and wal.mode is UpgradeMode.COMMITTED_OFFSETS
+    assert wal.generation == 1
     assert {"FellBack", "Restarted"} <= {e.reason for e in decision.events}
 
 
@@ -272,7 +266,7 @@ def test_fallback_can_be_disabled() -> None:
     s = situation(starting(), driver, version="v2", upgrade=UpgradeSpec(allow_fallback=False))
     decision = decide(s)
     assert decision.action is Action.WAIT
-    assert decision.degraded is not None and decision.degraded[0] == "IncompatibleCheckpoint"
+    assert decision.degraded is not None and decision.degraded.reason == "IncompatibleCheckpoint"
 
 
 def test_a_corrupt_checkpoint_starts_the_next_generation_after_a_backoff() -> None:
@@ -283,10 +277,11 @@ def test_a_corrupt_checkpoint_starts_the_next_generation_after_a_backoff() -> No
     )
     driver = DriverState(exists=True, replicas=1, template_hash="v1-g2", pods=(broken,))
     decision = decide(situation(steady(generation=2), driver))
-    wal = decision.status["upgrade"]
+    wal = decision.record.upgrade
+    assert wal is not None
     assert decision.action is Action.STOP
-    assert wal["reason"] == "CheckpointRecovery" and wal["generation"] == 3
-    assert wal["notBefore"] == stamp(NOW + datetime.timedelta(seconds=10))
+    assert wal.reason == "CheckpointRecovery" and wal.generation == 3
+    assert wal.not_before == stamp(NOW + datetime.timedelta(seconds=10))
     # Once the old pod is gone, the new driver waits for the backoff.
     status = apply_status(steady(generation=2), decision)
     gone = DriverState(exists=True, replicas=0, template_hash="v1-g2")
@@ -305,9 +300,10 @@ def test_a_lost_object_store_checkpoint_starts_the_next_generation_from_g_at_onc
     lost = pod("v1-g2", restart_count=1, termination=Termination(4, message))
     driver = DriverState(exists=True, replicas=1, template_hash="v1-g2", pods=(lost,))
     decision = decide(situation(steady(generation=2), driver))
-    wal = decision.status["upgrade"]
+    wal = decision.record.upgrade
+    assert wal is not None
     assert decision.action is Action.STOP
-    assert (wal["reason"], wal["generation"], wal["mode"]) == (
+    assert (wal.reason, wal.generation, wal.mode) == (
         "CheckpointLost",
         3,
         "committed-offsets",
@@ -318,7 +314,7 @@ def test_a_lost_object_store_checkpoint_starts_the_next_generation_from_g_at_onc
         event.type == "Warning" and "generation 3 starts from the progress group" in event.message
     )
     assert "s3a://b/eop/ads/clean" in event.message
-    assert decision.status["message"].startswith("CheckpointLost: new checkpoint generation 3")
+    assert decision.record.message.startswith("CheckpointLost: new checkpoint generation 3")
 
 
 def test_suspend_and_resume_keep_the_generation() -> None:
@@ -335,8 +331,8 @@ def test_restart_nonce_upgrades_like_any_change() -> None:
     s = situation(steady(), running("v1-g0"), version="v1n", restart_reason="RestartNonce")
     decision = decide(s)
     assert decision.action is Action.STOP
-    assert decision.status["upgrade"]["reason"] == "RestartNonce"
-    assert decision.status["upgrade"]["generation"] == 0  # last-state: same checkpoint
+    assert decision.record.upgrade.reason == "RestartNonce"
+    assert decision.record.upgrade.generation == 0  # last-state: same checkpoint
 
 
 def test_a_newer_spec_during_stopping_retargets_the_upgrade() -> None:
@@ -347,15 +343,15 @@ def test_a_newer_spec_during_stopping_retargets_the_upgrade() -> None:
         }
     )
     decision = decide(situation(status, running("v1-g0", replicas=0), version="v3"))
-    assert decision.status["upgrade"]["toHash"] == "v3-g0"
-    assert decision.status["specHash"] == "v3-g0"
+    assert decision.record.upgrade.to_hash == "v3-g0"
+    assert decision.record.spec_hash == "v3-g0"
 
 
 def test_a_newer_spec_during_starting_starts_another_upgrade() -> None:
     decision = decide(situation(starting(), running("v2-g0", ready=False), version="v3"))
     assert decision.action is Action.STOP
-    assert decision.status["upgrade"]["toHash"] == "v3-g0"
-    assert decision.status["upgrade"]["fromHash"] == "v2-g0"
+    assert decision.record.upgrade.to_hash == "v3-g0"
+    assert decision.record.upgrade.from_hash == "v2-g0"
 
 
 def test_crash_loop_is_degraded() -> None:
@@ -363,15 +359,15 @@ def test_crash_loop_is_degraded() -> None:
     looping = pod("v1-g0", restart_count=3, termination=Termination(4, "eop: error: [Failed] boom"))
     driver = DriverState(exists=True, replicas=1, template_hash="v1-g0", pods=(looping,))
     decision = decide(situation(steady(), driver, failover=failover))
-    assert decision.degraded is not None and decision.degraded[0] == "CrashLoop"
-    assert decision.status["failover"]["restarts"] == 3
+    assert decision.degraded is not None and decision.degraded.reason == "CrashLoop"
+    assert decision.record.failover.restarts == 3
     assert [e.reason for e in decision.events] == ["Restarted"]
 
 
 def test_a_healthy_driver_of_a_new_spec_becomes_the_stable_spec() -> None:
     status = steady().model_copy(update={"last_stable_fingerprint": None})
     decision = decide(situation(status, running("v1-g0")))
-    assert decision.status["lastStableSpec"] == {"was": "v1"}
+    assert decision.record.last_stable_spec == {"was": "v1"}
 
 
 def test_a_lost_claim_starts_the_next_generation_from_the_progress_group() -> None:
@@ -379,9 +375,10 @@ def test_a_lost_claim_starts_the_next_generation_from_the_progress_group() -> No
     s = dataclasses.replace(s, claim_name="p-checkpoint")
     decision = decide(s)
     assert decision.action is Action.STOP
-    wal = decision.status["upgrade"]
-    assert wal["reason"] == "CheckpointLost" and wal["mode"] == "committed-offsets"
-    assert wal["generation"] == 3 and wal["resetProgress"] is False
+    wal = decision.record.upgrade
+    assert wal is not None
+    assert wal.reason == "CheckpointLost" and wal.mode is UpgradeMode.COMMITTED_OFFSETS
+    assert wal.generation == 3 and wal.reset_progress is False
     (event,) = decision.events
     assert (event.type, event.reason) == ("Warning", "CheckpointLost")
     assert "p-checkpoint" in event.message and "generation 3" in event.message
@@ -392,7 +389,7 @@ def test_a_lost_claim_starts_the_next_generation_from_the_progress_group() -> No
     assert deleting.action is Action.WAIT
     started = decide(situation(status, gone, claim=ClaimState.MISSING))
     assert started.action is Action.APPLY and started.generation == 3
-    assert started.status["checkpoint"] == {"generation": 3, "resetProgress": False}
+    assert started.record.checkpoint == CheckpointStatus(generation=3, reset_progress=False)
 
 
 def test_a_claim_that_is_there_or_not_looked_at_changes_nothing() -> None:
@@ -411,7 +408,7 @@ def test_a_new_pipeline_waits_for_the_claim_of_an_earlier_one_to_go() -> None:
     s = dataclasses.replace(s, claim_name="p-checkpoint")
     decision = decide(s)
     assert decision.action is Action.WAIT and decision.events == ()
-    assert "p-checkpoint" in decision.status["message"]
+    assert "p-checkpoint" in decision.record.message
     assert decide(situation(PipelineStatus(), DriverState())).action is Action.APPLY
 
 
@@ -430,15 +427,15 @@ def _between_crashes(restarts: int, message: str, seconds_ago: int) -> DriverSta
 def test_a_crash_loop_is_degraded_while_the_driver_is_ready_between_crashes() -> None:
     driver = _between_crashes(3, "eop: error: [Failed] boom", seconds_ago=5)
     decision = decide(situation(steady(), driver, failover=FailoverSpec(max_restarts=2)))
-    assert decision.degraded is not None and decision.degraded[0] == "CrashLoop"
-    assert "boom" in decision.degraded[1]
+    assert decision.degraded is not None and decision.degraded.reason == "CrashLoop"
+    assert "boom" in decision.degraded.message
 
 
 def test_a_config_error_is_degraded_at_once_even_while_ready_for_a_moment() -> None:
     message = "eop: error: [ConfigError] source.kafka.startingOffsets: 'abc' is not an offset"
     decision = decide(situation(steady(), _between_crashes(1, message, seconds_ago=5)))
-    assert decision.degraded is not None and decision.degraded[0] == "ConfigError"
-    assert "startingOffsets: 'abc' is not an offset" in decision.degraded[1]
+    assert decision.degraded is not None and decision.degraded.reason == "ConfigError"
+    assert "startingOffsets: 'abc' is not an offset" in decision.degraded.message
 
 
 def test_a_driver_ready_long_after_its_last_restart_is_not_degraded() -> None:
@@ -452,4 +449,4 @@ def test_a_driver_ready_long_after_its_last_restart_is_not_degraded() -> None:
 def test_a_crash_looping_spec_does_not_become_the_stable_spec() -> None:
     status = steady().model_copy(update={"last_stable_fingerprint": None})
     driver = _between_crashes(2, "eop: error: [Failed] boom", seconds_ago=5)
-    assert "lastStableSpec" not in decide(situation(status, driver)).status
+    assert "last_stable_spec" not in decide(situation(status, driver)).record.model_fields_set

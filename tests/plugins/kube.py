@@ -32,9 +32,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """A running control plane shared by the whole session; use its ``kubeconfig``."""
+    """A running control plane shared by the whole session; use its ``kubeconfig``.
+
+    Its apiserver keeps an audit log (``audit_log``): tests count the requests a client sent.
+    """
     binaries = build_binaries(quiet=True)
-    with ControlPlane(tmp_path_factory.mktemp("kube"), binaries=binaries) as cp:
+    with ControlPlane(tmp_path_factory.mktemp("kube"), binaries=binaries, audit=True) as cp:
         yield cp
 
 

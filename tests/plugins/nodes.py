@@ -9,9 +9,13 @@ Fixtures:
   start is warm) unless ``EOP_KEEP_NODES_CLUSTER=1``. It has no eop images: pods use
   ``nodes_cluster.toolbox_image`` (busybox) or call ``load_images()``.
 * ``nodes_namespace`` (function): a fresh namespace on it, deleted (without waiting) after.
+* ``nodes_e2e`` (module): the same cluster with the current eop images built
+  (``devenv/images.sh``) and imported into every node, as the e2e tests'
+  :class:`tests.e2e.conftest.E2ECluster`; for a module that installs the operator and runs
+  pipelines there.
 
 The cluster starts when the first test asks for it (not at collection: idle kubelets would
-take CPU from the tiers that run before). Tests using it get the marker ``nodes``.
+take CPU from the tiers that run before). Tests using either get the marker ``nodes``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections.abc import Iterator
 import pytest
 
 from devenv.cluster import LocalCluster
+from tests.e2e.conftest import E2ECluster
 
 #: The node count of the tier's cluster.
 NODES = 3
@@ -32,7 +37,9 @@ _started_here: list[bool] = []
 
 
 def _fixture_users(items: list[pytest.Item]) -> list[pytest.Item]:
-    return [i for i in items if "nodes_cluster" in getattr(i, "fixturenames", ())]
+    return [
+        i for i in items if {"nodes_cluster", "nodes_e2e"} & set(getattr(i, "fixturenames", ()))
+    ]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -86,3 +93,11 @@ def nodes_namespace(nodes_cluster: LocalCluster) -> Iterator[str]:
     yield name
     if nodes_cluster.is_running():
         nodes_cluster.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.fixture(scope="module")
+def nodes_e2e(_nodes_cluster_session: None) -> E2ECluster:
+    """The running multi-node cluster with the current eop images in every node."""
+    cluster = _running_cluster()
+    refs = cluster.load_images()
+    return E2ECluster(cluster, refs["operator"], refs["spark"], started_here=bool(_started_here))

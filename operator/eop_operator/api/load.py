@@ -38,7 +38,8 @@ def plain(value: Any) -> Any:
 
 def load_pipeline(obj: Mapping[str, Any]) -> ExactlyOncePipeline:
     """Validate one object (a parsed manifest or a kopf body) into the model."""
-    obj = plain(obj)
+    if not isinstance(obj, dict):
+        obj = plain(obj)  # a kopf body is a view of its dict; pydantic wants the dict
     if obj.get("kind", KIND) != KIND or obj.get("apiVersion", API_VERSION) != API_VERSION:
         raise InvalidPipeline(
             f"expected apiVersion {API_VERSION} kind {KIND}, "

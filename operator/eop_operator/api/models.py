@@ -3,6 +3,11 @@
 The data-plane parts (source, transform, sink, trigger, spark) come from
 ``eop_spark.contract.spec``; this module adds what only the operator needs.  The CRD in
 ``crds/`` is generated from these models (``eop crd``) and never edited.
+
+Longer than the operator's other modules on purpose: every field carries its API
+documentation (the CRD's descriptions and docs/api.md are generated from it), and
+spec and status stay together so the schema reads top-down as ``kubectl explain``
+shows it.  Typed writes of the status are in ``api.status_patch``.
 """
 
 from __future__ import annotations

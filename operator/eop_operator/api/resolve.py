@@ -61,9 +61,13 @@ def build_run_config(
     metrics_port: int | None = None,
     extra_spark_conf: dict[str, str] | None = None,
     reset_progress: bool = False,
+    identity: Identity | None = None,
 ) -> RunConfig:
-    """Resolve a pipeline into the configuration one runner process reads."""
-    identity = resolve_identity(pipeline)
+    """Resolve a pipeline into the configuration one runner process reads.
+
+    ``identity``: the pipeline's, when the caller has resolved it already.
+    """
+    identity = identity or resolve_identity(pipeline)
     spark = pipeline.spec.spark
     # The object store's settings reach Hadoop as spark.hadoop.*; the user's spark.conf wins.
     store = {f"spark.hadoop.{k}": v for k, v in pipeline.spec.checkpoint.options.items()}

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from eop_operator.api.models import ExactlyOncePipeline
-from eop_operator.health.stall import Observation, PartitionOffsets
+from eop_operator.health.stall import PartitionOffsets, Reading
 from eop_operator.kube.client import KubeClient, KubeError
 from eop_spark.contract.errors import EopError
 from eop_spark.contract.kafka_access import (
@@ -252,14 +252,14 @@ def group_names(
         raise ProgressUnavailable(access.redact(f"invalid sink client settings: {exc}")) from None
 
 
-async def observe_progress(
+async def read_progress(
     client: KubeClient,
     pipeline: ExactlyOncePipeline,
     group: str,
     *,
     timeout: float = DEFAULT_TIMEOUT_S,
-) -> Observation:
-    """One observation of ``pipeline``'s progress; raises ProgressUnavailable with a reason."""
+) -> Reading:
+    """One reading of ``pipeline``'s progress; raises ProgressUnavailable with a reason."""
     access = await kafka_access(client, pipeline)
     partitions = await asyncio.to_thread(read_offsets, access, pipeline, group, timeout=timeout)
-    return Observation(at=time.time(), partitions=partitions)
+    return Reading(at=time.time(), partitions=partitions)

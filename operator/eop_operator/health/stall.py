@@ -1,11 +1,12 @@
 """Pure decisions on a pipeline's progress: lag, worst partitions, input rate, stalls.
 
-The operator observes, every check interval, the committed offsets of the
-progress group ``G`` and the end offsets of the source partitions.  From the
-series of observations this module says how far behind the sink is, how fast
-input arrives, when ``G`` last advanced, and whether the pipeline is stalled:
-input is waiting (lag > 0) and ``G`` has not moved for the stall timeout while
-the driver was Ready.  No I/O and no clock here: time comes in as arguments.
+The health monitor reads, every check interval, the committed offsets of the
+progress group ``G`` and the end offsets of the source partitions (a
+:class:`Reading`).  From the series of readings this module says how far
+behind the sink is, how fast input arrives, when ``G`` last advanced, and
+whether the pipeline is stalled: input is waiting (lag > 0) and ``G`` has not
+moved for the stall timeout while the driver was Ready.  No I/O and no clock
+here: time comes in as arguments.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from eop_spark.contract.offsets import TopicPartition
 
 #: How many partitions the status lists (the ones with the largest lag).
 WORST_PARTITIONS = 3
-#: How many past observations the input rate is computed over.
+#: How many past readings the input rate is computed over.
 RATE_SAMPLES = 10
 
 
@@ -42,7 +43,7 @@ class PartitionOffsets:
 
 
 @dataclass(frozen=True)
-class Observation:
+class Reading:
     """What one check saw, at ``at`` (seconds since the epoch)."""
 
     at: float
@@ -73,7 +74,7 @@ class ProgressHistory:
     last_advance: float
     #: Whether ``last_advance`` is a real advance seen by a check (not only the first look).
     advance_seen: bool
-    #: (time, end offsets) of the latest observations, oldest first.
+    #: (time, end offsets) of the latest readings, oldest first.
     samples: tuple[tuple[float, Mapping[TopicPartition, int]], ...]
 
 
@@ -83,9 +84,9 @@ class Health:
 
     lag: int
     worst: tuple[PartitionOffsets, ...]
-    #: Input records per second over the recent observations; None before two observations.
+    #: Input records per second over the recent readings; None before two readings.
     input_rate: float | None
-    #: When G last advanced, as observed; None when no check has seen it move yet.
+    #: When G last advanced, as read; None when no check has seen it move yet.
     last_advance: float | None
     #: Seconds without progress while input waits and the driver is Ready (0 when not stalled).
     idle_seconds: float
@@ -97,16 +98,16 @@ def advanced(before: Mapping[TopicPartition, int], after: Mapping[TopicPartition
     return any(offset > before.get(tp, -1) for tp, offset in after.items())
 
 
-def observe(history: ProgressHistory | None, observation: Observation) -> ProgressHistory:
-    """Fold one observation into the history (the first one starts it)."""
-    committed = observation.committed()
-    sample = (observation.at, observation.ends())
+def remember(history: ProgressHistory | None, reading: Reading) -> ProgressHistory:
+    """Fold one reading into the history (the first one starts it)."""
+    committed = reading.committed()
+    sample = (reading.at, reading.ends())
     if history is None:
-        return ProgressHistory(committed, observation.at, False, (sample,))
+        return ProgressHistory(committed, reading.at, False, (sample,))
     moved = advanced(history.committed, committed)
     return ProgressHistory(
         committed=committed,
-        last_advance=observation.at if moved else history.last_advance,
+        last_advance=reading.at if moved else history.last_advance,
         advance_seen=history.advance_seen or moved,
         samples=(*history.samples, sample)[-RATE_SAMPLES:],
     )
@@ -137,12 +138,12 @@ def worst_partitions(
 
 def assess(
     history: ProgressHistory,
-    observation: Observation,
+    reading: Reading,
     *,
     stall_timeout: float,
     ready_since: float | None,
 ) -> Health:
-    """Lag, input rate and the stall verdict after ``observation`` was folded into ``history``.
+    """Lag, input rate and the stall verdict after ``reading`` was folded into ``history``.
 
     ``ready_since`` is when the driver became Ready (or was last restarted by
     the operator, whichever is later); None while it is not Ready.  A pipeline
@@ -151,13 +152,13 @@ def assess(
     ``ready_since``: a driver that is starting, or was just restarted, always
     gets a full window.
     """
-    lag = observation.lag
+    lag = reading.lag
     idle = 0.0
     if lag > 0 and ready_since is not None:
-        idle = max(0.0, observation.at - max(history.last_advance, ready_since))
+        idle = max(0.0, reading.at - max(history.last_advance, ready_since))
     return Health(
         lag=lag,
-        worst=worst_partitions(observation.partitions),
+        worst=worst_partitions(reading.partitions),
         input_rate=input_rate(history.samples),
         last_advance=history.last_advance if history.advance_seen else None,
         idle_seconds=idle,

@@ -19,6 +19,9 @@ from eop_spark.contract.errors import EXIT_CONFIG, EXIT_PROGRESS_MISSING, EXIT_S
 from eop_spark.contract.spec import duration_ms
 from eop_spark.contract.termination import FailureReason, parse_failure_line
 
+#: The reason of a driver pod that went with its node (``observe.lost_with_node``): not the
+#: runner's, which never got to say anything. Restarting on another node helps.
+NODE_LOST = "NodeLost"
 #: How many driver pods' termination counts are remembered.
 SEEN_PODS = 16
 #: Reasons a new checkpoint generation (from the progress group) repairs.
@@ -62,13 +65,16 @@ def _logged(line: str) -> str | None:
     return str(record["msg"]) if isinstance(record, dict) and "msg" in record else None
 
 
-def classify(termination: Termination) -> tuple[FailureReason, str]:
-    """The reason and message of a driver termination.
+def classify(termination: Termination) -> tuple[str, str]:
+    """The reason (a runner's :class:`FailureReason`, or :data:`NODE_LOST`) and message of a
+    driver termination.
 
     A driver killed before it wrote its one line (SIGKILL after the grace
     period, the OOM killer) has the last lines of its log as the message
     (``FallbackToLogsOnError``): the JSON log record is read down to its text.
     """
+    if termination.node_lost:
+        return NODE_LOST, termination.message
     reason, message = parse_failure_line(termination.message)
     logged = _logged(message) if reason is None else None
     if logged is not None:
@@ -78,17 +84,18 @@ def classify(termination: Termination) -> tuple[FailureReason, str]:
     return reason or FailureReason.FAILED, message
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Failure:
     """A driver termination the operator has not counted before."""
 
     pod: str
     spec_hash: str | None
-    reason: FailureReason
+    #: A :class:`FailureReason` of the runner, or :data:`NODE_LOST`.
+    reason: str
     message: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Counted:
     """The failover status after counting, and what was new."""
 
@@ -124,7 +131,8 @@ def count_failures(
             continue
         reason, message = classify(pod.termination)
         at = pod.termination.finished_at or stamp(now)
-        ended.append((at, Failure(pod.name, pod.spec_hash, reason, message), total - before))
+        failure = Failure(pod=pod.name, spec_hash=pod.spec_hash, reason=reason, message=message)
+        ended.append((at, failure, total - before))
         recent.extend([stamp(now)] * (total - before))
     # Watch events of different pods arrive in any order: the last termination is
     # the one that ended last, not the one counted last.
@@ -139,9 +147,9 @@ def count_failures(
     if ended and (previous.last_time is None or ended[-1][0] >= previous.last_time):
         at, last, _ = ended[-1]
         status = status.model_copy(
-            update={"last_reason": last.reason.value, "last_message": last.message, "last_time": at}
+            update={"last_reason": str(last.reason), "last_message": last.message, "last_time": at}
         )
-    return Counted(status, tuple(failure for _, failure, _ in ended))
+    return Counted(status=status, new=tuple(failure for _, failure, _ in ended))
 
 
 def crash_looping(status: FailoverStatus, spec: FailoverSpec) -> bool:

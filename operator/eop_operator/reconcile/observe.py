@@ -7,6 +7,7 @@ decisions can be tested without an API server.
 from __future__ import annotations
 
 import datetime
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -18,12 +19,48 @@ from eop_operator.render.naming import GENERATION_ANNOTATION, SPEC_HASH_ANNOTATI
 class Termination:
     """The last time the driver container ended."""
 
-    exit_code: int
+    #: None: no kubelet ever reported an end (the pod went with its node).
+    exit_code: int | None
     message: str
     #: Whether it ended right now (state.terminated) rather than before a restart.
     current: bool = False
     #: When it ended (the kubelet's ``finishedAt``, RFC 3339 seconds), if known.
     finished_at: str | None = None
+    #: The pod was ended by Kubernetes while its container ran as last reported: its node
+    #: stopped reporting (lost, cut off or shut down) and the pod was evicted or
+    #: garbage-collected there (see :func:`lost_with_node`).
+    node_lost: bool = False
+
+
+def lost_with_node(pod: dict[str, Any]) -> Termination | None:
+    """The end of a driver pod that Kubernetes failed while no kubelet said its container ended.
+
+    A node that stops reporting cannot tell that its containers stopped: the API server keeps
+    the container ``running`` until the pod is gone. The taint manager (a ``NoExecute``
+    taint: ``node.kubernetes.io/out-of-service``, or ``unreachable``/``not-ready`` after the
+    toleration) or PodGC marks the pod ``DisruptionTarget`` and ``Failed`` and deletes it;
+    the StatefulSet then starts the driver on another node.
+    """
+    meta, status = pod.get("metadata", {}), pod.get("status", {})
+    if status.get("phase") != "Failed":
+        return None
+    for container in status.get("containerStatuses") or []:
+        if container.get("name") == "driver" and "running" not in (container.get("state") or {}):
+            return None
+    disruption: dict[str, Any] = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "DisruptionTarget"), {}
+    )
+    node = pod.get("spec", {}).get("nodeName") or "?"
+    why = " ".join(
+        str(disruption.get(k) or "").strip() for k in ("reason", "message") if disruption.get(k)
+    )
+    return Termination(
+        exit_code=None,
+        message=f"the driver pod was deleted while its node {node} was not reporting"
+        + (f" ({why})" if why else ""),
+        finished_at=disruption.get("lastTransitionTime") or meta.get("deletionTimestamp"),
+        node_lost=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -46,6 +83,14 @@ class PodObservation:
     #: Whether the kubelet has started the driver container at least once.
     started: bool = False
 
+    def _since_restart(self, now: datetime.datetime) -> float | None:
+        """Seconds since the driver container ended before its last restart (None: it did not)."""
+        ended = self.termination
+        if ended is None or ended.current or self.restart_count == 0 or not ended.finished_at:
+            return None
+        finished = datetime.datetime.strptime(ended.finished_at, "%Y-%m-%dT%H:%M:%SZ")
+        return (now - finished.replace(tzinfo=datetime.UTC)).total_seconds()
+
     def restarted_within(self, now: datetime.datetime, seconds: float) -> bool:
         """Whether the driver container ended (and was restarted) less than ``seconds`` ago.
 
@@ -53,12 +98,13 @@ class PodObservation:
         previous termination (``lastState.terminated``) tells it apart from a
         driver that runs.
         """
-        ended = self.termination
-        if ended is None or ended.current or self.restart_count == 0 or not ended.finished_at:
-            return False
-        finished = datetime.datetime.strptime(ended.finished_at, "%Y-%m-%dT%H:%M:%SZ")
-        age = now - finished.replace(tzinfo=datetime.UTC)
-        return age.total_seconds() < seconds
+        since = self._since_restart(now)
+        return since is not None and since < seconds
+
+    def recovers_in(self, now: datetime.datetime) -> float:
+        """Seconds until a restart less than ``RECOVERY_SECONDS`` ago stops counting (else inf)."""
+        since = self._since_restart(now)
+        return math.inf if since is None or since >= RECOVERY_SECONDS else RECOVERY_SECONDS - since
 
     @property
     def failures(self) -> int:
@@ -94,6 +140,7 @@ class PodObservation:
                     current=now is not None,
                     finished_at=ended.get("finishedAt"),
                 )
+        termination = lost_with_node(pod) or termination
         generation = annotations.get(GENERATION_ANNOTATION)
         scheduled: dict[str, Any] = next(
             (c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {}
@@ -162,6 +209,10 @@ class DriverState:
     def ready_with(self, spec_hash: str | None) -> bool:
         """Whether a pod of ``spec_hash`` is Ready."""
         return any(p.ready and not p.deleting and p.spec_hash == spec_hash for p in self.pods)
+
+    def recovers_in(self, now: datetime.datetime) -> float:
+        """Seconds until a pod that restarted a moment ago may count as steady (else inf)."""
+        return min((p.recovers_in(now) for p in self.pods if not p.deleting), default=math.inf)
 
     def steady_with(self, spec_hash: str | None, now: datetime.datetime) -> bool:
         """Whether a pod of ``spec_hash`` is Ready and has not just restarted (a crash loop)."""

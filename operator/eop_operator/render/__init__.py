@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eop_operator.api.models import ExactlyOncePipeline
-from eop_operator.api.resolve import build_run_config
+from eop_operator.api.resolve import Identity, build_run_config
 from eop_operator.render.driver import (
     CHECKPOINT_MOUNT,
     default_driver_ports,
@@ -74,6 +74,7 @@ def render_pipeline(
     metrics_host_port: int | None = None,
     reset_progress: bool = False,
     driver_role: DriverRole = DEFAULT_DRIVER_ROLE,
+    identity: Identity | None = None,
 ) -> RenderedPipeline:
     """Render the ConfigMap, PVC, driver RBAC, Service and StatefulSet of a pipeline.
 
@@ -82,6 +83,7 @@ def render_pipeline(
     ``reset_progress`` marks a stateless generation (see
     ``eop_spark.exactly_once.stateless_reset``).
     ``driver_role``: the pre-made role a driver with executors on Kubernetes is bound to.
+    ``identity``: the pipeline's Kafka identity, when the caller has resolved it already.
     """
     image = pipeline.spec.image or default_image
     if not image:
@@ -103,6 +105,7 @@ def render_pipeline(
         metrics_port=ports.metrics,
         extra_spark_conf=driver_spark_conf(pipeline, image, ports),
         reset_progress=reset_progress,
+        identity=identity,
     )
     files: dict[str, str] = {}
     if pipeline.spec.spark.on_kubernetes:

@@ -16,6 +16,8 @@ RESTART_NONCE_ANNOTATION = f"{ANNOTATION_PREFIX}/restart-nonce"
 GENERATION_ANNOTATION = f"{ANNOTATION_PREFIX}/checkpoint-generation"
 #: On a driver pod template: the executors its driver starts (executors on Kubernetes).
 EXECUTORS_ANNOTATION = f"{ANNOTATION_PREFIX}/executors"
+#: On every child the operator applies: the hash of what it rendered (reconcile.children).
+RENDERED_HASH_ANNOTATION = f"{ANNOTATION_PREFIX}/rendered-hash"
 MANAGED_BY = "eop-operator"
 
 

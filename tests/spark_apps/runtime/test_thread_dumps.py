@@ -19,7 +19,7 @@ def test_sigusr1_prints_the_threads_and_the_run_goes_on(make_pipeline: PipelineF
     stacks = runner.stacks()
 
     # The runner's main thread supervises the query; Spark's Python workers wait for tasks.
-    assert "in supervise" in stacks and "eop_spark/runner.py" in stacks, stacks
+    assert "in supervise" in stacks and "eop_spark/runtime/runner.py" in stacks, stacks
     assert "pyspark/daemon.py" in stacks or "pyspark/worker.py" in stacks, stacks
     # The signal only prints: the run goes on and new input is still committed.
     produce(pipeline.broker, pipeline.source_topic, [("late", "v", 0)])

@@ -1,0 +1,239 @@
+"""The health monitor: one daemon per pipeline that checks its lag and keeps ``G`` alive.
+
+Every ``spec.health.checkInterval`` the daemon reads the progress group
+against the source's end offsets (``health.progress``), folds the reading into
+its history and asks ``health.stall`` for the verdict.  It writes
+``status.lag`` and ``status.progress`` (``health.report``; its only status
+fields, see ``kube.status``), and restarts a stalled driver by deleting its pod
+(the StatefulSet recreates it) with a ``RestartStalled`` Warning event.
+
+While no driver container runs (suspended, crash loop, scaled to zero), the
+daemon also keeps its progress group from expiring (``health.keep_alive``).
+
+A pipeline is never restarted while it is suspended, while its driver is not
+Ready (a starting driver commits nothing yet) or while an upgrade is in
+flight (``status.upgrade``: the lifecycle owns the driver then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from eop_operator import metrics
+from eop_operator.api.load import InvalidPipeline, load_pipeline
+from eop_operator.api.models import ExactlyOncePipeline
+from eop_operator.api.resolve import IdentityChanged, resolve_identity
+from eop_operator.controller.context import Context
+from eop_operator.health.keep_alive import RefreshSchedule, driver_runs, keep_progress_alive
+from eop_operator.health.progress import ProgressUnavailable, kafka_access, read_progress
+from eop_operator.health.report import (
+    health_patch,
+    held_partitions,
+    lost_progress,
+    problem_patch,
+    ready_since,
+)
+from eop_operator.health.stall import Health, ProgressHistory, assess, remember
+from eop_operator.kube.client import KubeError
+from eop_operator.kube.events import post_event
+from eop_operator.kube.observed import WatchIndex
+from eop_operator.render.naming import driver_pod_name
+from eop_spark.contract.spec import duration_ms
+
+#: How long to wait before looking again at a pipeline whose spec is invalid.
+INVALID_RETRY_S = 60.0
+#: The restart reason recorded in events and metrics.
+STALLED = "Stalled"
+#: Kafka checks (each a few blocking client calls in a worker thread, up to
+#: ``health.progress.DEFAULT_TIMEOUT_S`` each against a broker that does not answer) in
+#: flight at once: the others wait their turn, and threads stay free for the rest.
+KAFKA_CHECKS = 4
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class HealthMemory:
+    """What one pipeline's daemon remembers between checks."""
+
+    history: ProgressHistory | None = None
+    #: When the daemon last restarted the driver (epoch seconds).
+    restarted_at: float | None = None
+    #: The progress group's refreshes while no driver runs (see health.keep_alive).
+    refresh: RefreshSchedule = field(default_factory=RefreshSchedule)
+
+
+def first_check_delay(uid: str, interval: float) -> float:
+    """When a pipeline's first check runs, spread over one interval by its uid.
+
+    An operator start begins the daemons of all pipelines at once; their checks
+    would otherwise all hit Kafka (and the thread pool) together, every interval.
+    """
+    return int(hashlib.sha256(uid.encode()).hexdigest()[:8], 16) % 1000 / 1000 * interval
+
+
+def _driver_pod(pods: WatchIndex, pipeline: ExactlyOncePipeline) -> dict[str, Any] | None:
+    """The driver pod as the watch last saw it."""
+    meta, pod_name = pipeline.metadata, driver_pod_name(pipeline)
+    found = pods.get((meta.namespace, meta.name), ())
+    return next(
+        (p for p in found if p["kind"] == "Pod" and p["metadata"]["name"] == pod_name), None
+    )
+
+
+class HealthMonitor:
+    """Runs the checks of every pipeline through one context, a few at a time."""
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+        self._turns: asyncio.Semaphore | None = None
+
+    def _kafka_turn(self) -> asyncio.Semaphore:
+        if self._turns is None:  # made in the operator's event loop, at the first check
+            self._turns = asyncio.Semaphore(KAFKA_CHECKS)
+        return self._turns
+
+    async def run(self, body: Mapping[str, Any], stopped: Any, pods: WatchIndex) -> None:
+        """Check one pipeline every ``spec.health.checkInterval`` until ``stopped``.
+
+        ``body`` is kopf's live view of the pipeline (spec edits apply at the next
+        check); ``pods``: the watches' index of its children, the driver pod among them.
+        """
+        memory = HealthMemory()
+        meta = body["metadata"]
+        namespace, name = meta.get("namespace") or "", meta.get("name") or ""
+        try:
+            interval = duration_ms(load_pipeline(body).spec.health.check_interval) / 1000
+        except InvalidPipeline:
+            interval = INVALID_RETRY_S
+        await stopped.wait(first_check_delay(meta.get("uid") or name, interval))
+        try:
+            while not stopped:
+                metrics.set_phase(namespace, name, (body.get("status") or {}).get("phase"))
+                # The pipeline is read only once it is this one's turn: waiting ones hold nothing.
+                async with self._kafka_turn():
+                    interval = await self.check(body, memory, pods)
+                await stopped.wait(interval)
+        finally:
+            metrics.forget(namespace, name)  # deleted (or the operator stops)
+
+    async def check(self, body: Mapping[str, Any], memory: HealthMemory, pods: WatchIndex) -> float:
+        """Check the lag and keep ``G`` alive as needed; return the seconds until the next."""
+        try:
+            pipeline = load_pipeline(body)
+        except InvalidPipeline:
+            return INVALID_RETRY_S
+        interval = duration_ms(pipeline.spec.health.check_interval) / 1000
+        deleting = bool(body["metadata"].get("deletionTimestamp"))
+        problem = None  # what status.progress.message says after this check
+        if not pipeline.spec.suspend and not deleting:
+            try:
+                outcome = await self.check_lag(body, pipeline, memory, _driver_pod(pods, pipeline))
+                problem = outcome if isinstance(outcome, str) else None
+            except (KubeError, OSError) as exc:
+                log.warning("health check of %s failed: %s", pipeline.pipeline_id, exc)
+        else:
+            # A resumed pipeline gets a fresh window.
+            memory.history, memory.restarted_at = None, None
+        if not deleting:
+            try:
+                pod = _driver_pod(pods, pipeline)  # as the watch sees it now, after the check
+                failed = await self.keep_alive_without_driver(pipeline, memory, pod)
+                if failed and problem is None:  # a failed check says it first
+                    problem = f"no driver runs: {failed}"
+            except (KubeError, OSError) as exc:
+                log.warning("keeping %s's progress failed: %s", pipeline.pipeline_id, exc)
+            interval = min(interval, memory.refresh.interval_s or interval)
+        if problem is not None:
+            # One write for both: an unreachable broker fails the check and the refresh alike.
+            try:
+                await self._write(body, problem_patch(problem, checked_at=time.time()))
+            except (KubeError, OSError) as exc:
+                log.warning("reporting %s's progress failed: %s", pipeline.pipeline_id, exc)
+        return interval
+
+    async def _write(self, body: Mapping[str, Any], patch: Any) -> None:
+        try:
+            await self.context.status.write(body, patch)
+        except KubeError as exc:
+            if exc.status != 404:  # deleted meanwhile
+                raise
+
+    async def check_lag(
+        self,
+        body: Mapping[str, Any],
+        pipeline: ExactlyOncePipeline,
+        memory: HealthMemory,
+        pod: dict[str, Any] | None,
+    ) -> Health | str:
+        """Read ``G``'s offsets, report them, restart a stalled driver; if unreadable, why.
+
+        ``pod`` is the driver pod as the watch last saw it (None: there is none).  The
+        reason offsets are unreadable is for ``status.progress.message``.
+        """
+        client, meta = self.context.client, pipeline.metadata
+        try:
+            group = resolve_identity(pipeline).progress_group
+            reading = await read_progress(client, pipeline, group)
+        except (ProgressUnavailable, IdentityChanged) as exc:
+            return str(exc)
+        memory.history = remember(memory.history, reading)
+        pod_name = driver_pod_name(pipeline)
+        since = ready_since(pod)
+        if since is not None and memory.restarted_at is not None:
+            since = max(since, memory.restarted_at)
+        health = assess(
+            memory.history,
+            reading,
+            stall_timeout=duration_ms(pipeline.spec.health.stall_timeout) / 1000,
+            ready_since=since,
+        )
+        before = pipeline.status.progress.held_partitions if pipeline.status.progress else {}
+        held = held_partitions(before, reading)
+        message = lost_progress(held or before, reading, group)
+        await self._write(
+            body, health_patch(health, checked_at=reading.at, held=held, message=message)
+        )
+        metrics.set_lag(
+            meta.namespace,
+            meta.name,
+            health.lag,
+            {(p.topic, p.partition): p.lag for p in reading.partitions},
+        )
+        if health.stalled and not (body.get("status") or {}).get("upgrade"):
+            await post_event(
+                client,
+                body,
+                type="Warning",
+                reason="RestartStalled",
+                message=f"the progress group has not advanced for {health.idle_seconds:.0f}s "
+                f"with {health.lag} records waiting; restarting driver pod {pod_name}",
+            )
+            await client.delete("v1", "Pod", meta.namespace, pod_name)
+            metrics.record_restart(meta.namespace, meta.name, STALLED)
+            memory.restarted_at = time.time()
+        return health
+
+    async def keep_alive_without_driver(
+        self, pipeline: ExactlyOncePipeline, memory: HealthMemory, pod: dict[str, Any] | None
+    ) -> str | None:
+        """Refresh a pipeline's progress group when due, if no container of its driver runs.
+
+        Suspended, crash-looping, scaled to zero: see ``health.keep_alive.driver_runs``
+        (``pod``: the driver pod as the watch last saw it).  Returns why a refresh failed
+        (for ``status.progress.message``; tried again at the next check), else None.
+        """
+        if driver_runs(pod):
+            return None  # its runner keeps G alive (a stopping one may still commit)
+        try:
+            access = await kafka_access(self.context.client, pipeline)
+            await keep_progress_alive(access, pipeline, memory.refresh)
+        except (ProgressUnavailable, IdentityChanged) as exc:
+            return str(exc)
+        return None

@@ -1,0 +1,300 @@
+"""One lifecycle step: read what the watches delivered, decide (pure), record, act.
+
+:func:`take_step` reads the pipeline once (:class:`Subject`: parsed, its
+identity resolved, the spec to run chosen), observes its driver and children
+from the watches' view, asks ``reconcile.upgrade.decide``, writes the status
+(the decision's record *before* acting on it: the write-ahead log of an
+upgrade in flight), posts the events, and applies or stops.  It returns when
+to look again (see ``reconcile.cadence``); ``controller.lifecycle`` runs the
+steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from eop_operator import metrics
+from eop_operator.api.models import (
+    ExactlyOncePipeline,
+    UpgradeStep,
+)
+from eop_operator.api.resolve import Identity
+from eop_operator.api.status_patch import merge_patch
+from eop_operator.controller.context import Context
+from eop_operator.controller.lifecycle_status import write_status
+from eop_operator.controller.subject import Subject
+from eop_operator.kube.apply import apply_children, ensure_rpc_secret
+from eop_operator.kube.events import post_event
+from eop_operator.kube.observed import CHILD_KINDS, Observed, Versions
+from eop_operator.reconcile.cadence import (
+    CONTROLLER_SECONDS,
+    HEAL_SECONDS,
+    LOOK_SECONDS,
+    SETTLED_SECONDS,
+    VERIFY_SECONDS,
+    next_look,
+)
+from eop_operator.reconcile.causes import diagnose, pod_cause
+from eop_operator.reconcile.children import (
+    ChildRef,
+    Version,
+    child_ref,
+    plan_sync,
+    stamp_rendered_hash,
+    version_of,
+)
+from eop_operator.reconcile.decision import (
+    RESTART_NONCE,
+    SPEC_CHANGED,
+    Action,
+    Event,
+    Situation,
+)
+from eop_operator.reconcile.failover import parse_stamp
+from eop_operator.reconcile.observe import ClaimState, DriverState
+from eop_operator.reconcile.upgrade import decide, spec_fingerprint
+from eop_operator.render import RenderedPipeline
+from eop_operator.render.naming import (
+    RESTART_NONCE_ANNOTATION,
+    checkpoint_claim_name,
+    driver_name,
+    selector_labels,
+)
+
+#: Renders the pipeline to run, as whom it runs, at (checkpoint generation, resetProgress).
+Renderer = Callable[[ExactlyOncePipeline, Identity, int, bool], RenderedPipeline]
+
+
+@dataclass
+class Memory:
+    """What the lifecycle remembers of one pipeline between steps (lost at exit: safe)."""
+
+    #: Each child's version as the operator last applied it or found it in sync.
+    applied: dict[ChildRef, Version] = field(default_factory=dict)
+    #: When children were last applied (event-loop time).
+    applied_at: float = -math.inf
+    #: When every child is applied again whatever it looks like.
+    verify_at: float | None = None
+    #: What the API server refused at the last apply of the pipeline's children.
+    refused: tuple[str, ...] = ()
+    #: When the timer should look at the pipeline next (0: at its next tick).
+    look_at: float = 0.0
+    #: The versions of what the last step that waited read (``Observed.versions``).
+    seen: Versions = field(default_factory=dict)
+
+
+def _template_annotation(statefulset: dict[str, Any] | None, key: str) -> str | None:
+    template = (statefulset or {}).get("spec", {}).get("template", {})
+    value = (template.get("metadata", {}).get("annotations") or {}).get(key)
+    return None if value is None else str(value)
+
+
+def _seen_by_controller(statefulset: dict[str, Any]) -> bool:
+    observed = (statefulset.get("status") or {}).get("observedGeneration")
+    return observed is not None and observed >= statefulset["metadata"].get("generation", 0)
+
+
+def _selects(pod: dict[str, Any], labels: dict[str, str]) -> bool:
+    found = pod.get("metadata", {}).get("labels") or {}
+    return all(found.get(k) == v for k, v in labels.items())
+
+
+def _count(pipeline: ExactlyOncePipeline, events: Sequence[Event], now: datetime.datetime) -> None:
+    """Feed the operator's metrics from the events of one decision."""
+    namespace, name = pipeline.metadata.namespace, pipeline.metadata.name
+    wal = pipeline.status.upgrade
+    for event in events:
+        if event.reason == "Restarted":
+            metrics.record_restart(namespace, name, event.reason)
+        elif event.reason == "Upgraded" and wal is not None:
+            began = parse_stamp(wal.began_at or wal.started_at) if wal.started_at else now
+            seconds = max((now - began).total_seconds(), 0.0)
+            metrics.record_upgrade(namespace, name, wal.mode.value, seconds)
+
+
+async def take_step(
+    context: Context,
+    observed: Observed,
+    subject: Subject,
+    render: Renderer,
+    memory: Memory,
+    departed: list[dict[str, Any]],
+) -> float | None:
+    """One decision and its action: a float means "look again in that long", None "now"."""
+    pipeline, run = subject.pipeline, subject.run
+    rendered: dict[tuple[int, bool], RenderedPipeline] = {}
+
+    def render_at(generation: int, reset: bool) -> RenderedPipeline:
+        # Each (generation, reset) rendered once per step.
+        if (generation, reset) not in rendered:
+            rendered[(generation, reset)] = render(run, subject.identity, generation, reset)
+        return rendered[(generation, reset)]
+
+    namespace, name = pipeline.metadata.namespace, pipeline.metadata.name
+    clock = asyncio.get_running_loop().time()
+    children = {
+        (kind, child): obj
+        for kind in CHILD_KINDS
+        for child, obj in observed.objects(namespace, name, kind, clock).items()
+    }
+    statefulset = children.get(("StatefulSet", driver_name(pipeline)))
+    selector = selector_labels(pipeline)
+    pods = [
+        p for p in observed.objects(namespace, name, "Pod", clock).values() if _selects(p, selector)
+    ]
+    nonce_changed = (
+        statefulset is not None
+        and _template_annotation(statefulset, RESTART_NONCE_ANNOTATION) != run.spec.restart_nonce
+    )
+    now = datetime.datetime.now(datetime.UTC)
+    driver = DriverState.from_objects(statefulset, pods, departed)
+    status = pipeline.status
+    steady = driver.steady_with(status.spec_hash, now)
+    claim_name = checkpoint_claim_name(pipeline) if run.spec.checkpoint.claim else None
+    claim = ClaimState.UNKNOWN
+    if claim_name is not None:
+        claim = ClaimState.of(children.get(("PersistentVolumeClaim", claim_name)))
+    decision = decide(
+        Situation(
+            status=status,
+            fingerprint=spec_fingerprint(pipeline.spec),
+            spec_dump=pipeline.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+            suspend=pipeline.spec.suspend,
+            upgrade=pipeline.spec.upgrade,
+            failover=pipeline.spec.failover,
+            driver=driver,
+            hash_at=lambda generation, reset: render_at(generation, reset).spec_hash,
+            now=now,
+            running_stable=subject.running_stable,
+            restart_reason=RESTART_NONCE if nonce_changed else SPEC_CHANGED,
+            claim=claim,
+            claim_name=claim_name,
+        )
+    )
+    record = decision.record
+    wal = record.upgrade if "upgrade" in record.model_fields_set else status.upgrade
+    # Never while an old driver stops: that StatefulSet must keep zero replicas.
+    heal = (
+        decision.action is Action.WAIT
+        and status.spec_hash is not None
+        and claim is not ClaimState.DELETING
+        and (wal is None or wal.step is UpgradeStep.STARTING)
+    )
+    todo: list[dict[str, Any]] = []
+    key_owner: ExactlyOncePipeline | None = None  # a pipeline whose RPC key must exist
+    later = math.inf  # when children out of sync may be applied again
+    if decision.action is Action.APPLY or heal:
+        result = render_at(decision.generation, decision.reset_progress)
+        objects = result.objects
+        key_owner = run if result.needs_rpc_secret else None
+        for obj in objects:
+            if obj["kind"] == "StatefulSet":
+                obj["spec"]["replicas"] = decision.replicas
+            stamp_rendered_hash(obj)
+        verify = memory.verify_at is not None and clock >= memory.verify_at
+        plan = plan_sync(objects, children, memory.applied)
+        memory.applied.update(plan.verified)
+        todo = objects if verify else plan.apply
+        if todo and decision.action is not Action.APPLY and not verify:
+            later = memory.applied_at + HEAL_SECONDS - clock
+            if later > 0:
+                todo = []  # healed a moment ago: again once HEAL_SECONDS have passed
+    news = bool(merge_patch(record, subject.body.get("status") or {}))
+    # What only the apply changes (no WAL entry) is written after it: the status then
+    # says what the step brought about, in one write rather than two.
+    if todo and not news and not decision.events:
+        return await _apply(context, subject.body, todo, memory, clock, key_owner)
+    unseen = CONTROLLER_SECONDS - (clock - memory.applied_at)
+    if (
+        unseen > 0
+        and statefulset is not None
+        and not _seen_by_controller(statefulset)
+        and decision.action is Action.WAIT
+        and not (news or decision.events or todo)
+    ):
+        # The StatefulSet just applied has no word from its controller yet, which answers
+        # in moments (an event, and the next step): a status written now would call a
+        # driver being created "being replaced", then take it back.
+        return unseen
+    cause = None
+    if not steady and not pipeline.spec.suspend:
+        cause = pod_cause(driver, now)
+        if cause is None:
+            cause = diagnose(
+                driver,
+                claim=claim,
+                claim_name=claim_name,
+                warnings=await context.warnings.of(context.client, namespace, clock),
+                statefulset_uid=(statefulset or {}).get("metadata", {}).get("uid"),
+                now=now,
+            )
+    await write_status(context, subject, decision, statefulset, cause=cause, refused=memory.refused)
+    _count(pipeline, decision.events, now)
+    if todo:
+        # The events say what the step does; they need not hold its apply back.
+        again, _ = await asyncio.gather(
+            _apply(context, subject.body, todo, memory, clock, key_owner),
+            _post_events(context, subject.body, decision.events),
+        )
+        return None if decision.action is Action.APPLY else again
+    await _post_events(context, subject.body, decision.events)
+    if decision.action is Action.STOP and statefulset is not None:
+        # A merge patch: the pod template stays the old one while the old driver stops.
+        stopped = await context.client.patch(
+            "apps/v1", "StatefulSet", namespace, driver_name(pipeline), {"spec": {"replicas": 0}}
+        )
+        context.own_writes.record(stopped, clock)
+        memory.applied[child_ref(stopped)] = version_of(stopped)
+        return None
+    # Nothing to do now: look again when the decision, a driver's recovery, a child out
+    # of sync or the periodic apply of every child is due, and at least every `looks`.
+    looks = SETTLED_SECONDS if steady else LOOK_SECONDS
+    verify_in = math.inf if memory.verify_at is None else memory.verify_at - clock
+    asked = math.inf if decision.requeue_after is None else decision.requeue_after
+    return next_look(asked, looks, later, verify_in, driver.recovers_in(now))
+
+
+async def _post_events(context: Context, body: dict[str, Any], events: Sequence[Event]) -> None:
+    for event in events:
+        await post_event(
+            context.client, body, type=event.type, reason=event.reason, message=event.message
+        )
+
+
+async def _apply(
+    context: Context,
+    body: dict[str, Any],
+    todo: list[dict[str, Any]],
+    memory: Memory,
+    clock: float,
+    key_owner: ExactlyOncePipeline | None = None,
+) -> float | None:
+    """Apply ``todo`` and remember the answers; return when to look again.
+
+    ``key_owner``: a pipeline whose Spark RPC key Secret is created first, if missing.
+
+    None ("now") when what the API server refuses changed (the status says so), else
+    the moments its controllers take to answer: their events are the next look.
+    """
+    client = context.client
+    # The key first: a driver pod waits for every Secret it mounts.
+    refused_key = await ensure_rpc_secret(client, key_owner) if key_owner is not None else ()
+    applied, refused = await apply_children(client, todo)
+    refused = refused_key + refused
+    for ref, answer in applied.items():
+        context.own_writes.record(answer, clock)
+        memory.applied[ref] = version_of(answer)
+    memory.applied_at = clock
+    if memory.verify_at is not None and clock >= memory.verify_at:
+        memory.verify_at = clock + VERIFY_SECONDS
+    before, memory.refused = memory.refused, refused
+    if refused and refused != before:
+        await post_event(
+            client, body, type="Warning", reason="ApplyRefused", message="; ".join(refused)
+        )
+    return None if refused != before else CONTROLLER_SECONDS

@@ -1,0 +1,95 @@
+"""Which children the operator applies: missing, rendered differently, or written by others."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from eop_operator.reconcile.children import (
+    child_ref,
+    plan_sync,
+    stamp_rendered_hash,
+    version_of,
+)
+from eop_operator.render.naming import RENDERED_HASH_ANNOTATION
+
+
+def _rendered(kind: str, name: str, **fields: Any) -> dict[str, Any]:
+    obj = {"apiVersion": "v1", "kind": kind, "metadata": {"name": name}, **fields}
+    stamp_rendered_hash(obj)
+    return obj
+
+
+def _live(rendered: dict[str, Any], uid: str = "u1", version: str = "7") -> dict[str, Any]:
+    """What the API server answers: the rendered object, with identity and versions."""
+    obj = copy.deepcopy(rendered)
+    obj["metadata"].update(uid=uid, resourceVersion=version, generation=1)
+    obj["status"] = {"replicas": 0}
+    return obj
+
+
+CONFIG = _rendered("ConfigMap", "p-config", data={"run.json": "{}"})
+DRIVER = _rendered("StatefulSet", "p-driver", spec={"replicas": 1})
+
+
+def test_the_hash_covers_everything_rendered_but_itself() -> None:
+    again = _rendered("ConfigMap", "p-config", data={"run.json": "{}"})
+    assert again == CONFIG  # stable: the same rendering, the same hash
+    edited = _rendered("ConfigMap", "p-config", data={"run.json": '{"generation": 1}'})
+    hashes = {o["metadata"]["annotations"][RENDERED_HASH_ANNOTATION] for o in (CONFIG, edited)}
+    assert len(hashes) == 2
+    restamped = copy.deepcopy(CONFIG)
+    assert (
+        stamp_rendered_hash(restamped)
+        == CONFIG["metadata"]["annotations"][RENDERED_HASH_ANNOTATION]
+    )
+
+
+def test_children_in_sync_are_not_applied() -> None:
+    live = {child_ref(o): _live(o) for o in (CONFIG, DRIVER)}
+    applied = {ref: version_of(obj) for ref, obj in live.items()}
+    assert plan_sync([CONFIG, DRIVER], live, applied).apply == []
+
+
+def test_missing_or_deleting_children_are_applied() -> None:
+    deleting = _live(DRIVER)
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    live = {child_ref(DRIVER): deleting}
+    assert plan_sync([CONFIG, DRIVER], live, {}).apply == [CONFIG, DRIVER]
+
+
+def test_a_child_rendered_differently_is_applied() -> None:
+    old = _live(_rendered("ConfigMap", "p-config", data={"run.json": '{"old": 1}'}))
+    live = {child_ref(CONFIG): old}
+    assert plan_sync([CONFIG], live, {child_ref(CONFIG): version_of(old)}).apply == [CONFIG]
+
+
+def test_a_child_written_by_someone_else_is_applied() -> None:
+    mine = _live(CONFIG, version="7")
+    theirs = _live(CONFIG, version="9")  # kubectl edit: same hash annotation, new version
+    plan = plan_sync([CONFIG], {child_ref(CONFIG): theirs}, {child_ref(CONFIG): version_of(mine)})
+    assert plan.apply == [CONFIG]
+    recreated = _live(CONFIG, uid="u2", version="7")  # deleted and made again by someone
+    plan = plan_sync(
+        [CONFIG], {child_ref(CONFIG): recreated}, {child_ref(CONFIG): version_of(mine)}
+    )
+    assert plan.apply == [CONFIG]
+
+
+def test_a_statefulset_counts_spec_writes_not_its_controllers_status() -> None:
+    applied = {child_ref(DRIVER): version_of(_live(DRIVER, version="7"))}
+    status_update = _live(DRIVER, version="12")  # the controller's status: generation stays
+    assert plan_sync([DRIVER], {child_ref(DRIVER): status_update}, applied).apply == []
+    scaled = _live(DRIVER, version="13")
+    scaled["metadata"]["generation"] = 2  # kubectl scale
+    assert plan_sync([DRIVER], {child_ref(DRIVER): scaled}, applied).apply == [DRIVER]
+
+
+def test_after_a_restart_children_carrying_the_hash_are_taken_as_in_sync() -> None:
+    live = {child_ref(o): _live(o) for o in (CONFIG, DRIVER)}
+    plan = plan_sync([CONFIG, DRIVER], live, {})
+    assert plan.apply == []
+    assert plan.verified == {ref: version_of(obj) for ref, obj in live.items()}
+    unstamped = _live(CONFIG)
+    del unstamped["metadata"]["annotations"][RENDERED_HASH_ANNOTATION]  # an older operator's
+    assert plan_sync([CONFIG], {child_ref(CONFIG): unstamped}, {}).apply == [CONFIG]
