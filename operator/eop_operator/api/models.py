@@ -152,7 +152,7 @@ class CheckpointSpec(SpecModel):
     secret_ref: CheckpointSecretRef | None = Field(
         default=None,
         description="Secret with the object store's credentials: keys AWS_ACCESS_KEY_ID and "
-        "AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN, for the driver only), set as environment "
+        "AWS_SECRET_ACCESS_KEY (and, if present, AWS_SESSION_TOKEN), set as environment "
         "variables of the driver, its executors and the checkpoint's deletion Job. Unset, "
         "S3A's credential chain applies (the node's instance "
         "profile, or a provider named in options, such as web identity on EKS).",
