@@ -80,6 +80,17 @@ go_build() {
     mv -f "$tmp" "$out"
 }
 
+# throwaway_module DIR NAME MODULE VERSION: a Go module in DIR (created once, then kept with the
+# go.sum its builds add) that requires MODULE at vVERSION, to build MODULE's commands inside.
+throwaway_module() {
+    local dir="$1" name="$2" module="$3" version="$4"
+    mkdir -p "$dir"
+    if [[ ! -f "$dir/go.mod" ]]; then
+        printf 'module eop.local/%s\n\ngo 1.26.0\n\nrequire %s v%s\n' \
+            "$name" "$module" "$version" >"$dir/go.mod"
+    fi
+}
+
 # --- kubernetes -------------------------------------------------------------
 kube_mod=""
 kube_ldflags=""
@@ -152,11 +163,7 @@ build_kube() {
 # --- etcd -------------------------------------------------------------------
 build_etcd() {
     local mod="$cache/etcd/$etcd_v/gomod"
-    mkdir -p "$mod"
-    if [[ ! -f "$mod/go.mod" ]]; then
-        printf 'module eop.local/etcdbuild\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 v%s\n' \
-            "$etcd_v" >"$mod/go.mod"
-    fi
+    throwaway_module "$mod" etcdbuild go.etcd.io/etcd/server/v3 "$etcd_v"
     # The etcd server main package is the root of the go.etcd.io/etcd/server/v3 module.
     go_build "$mod" "go.etcd.io/etcd/server/v3" "$etcd_bin/etcd" \
         "-X go.etcd.io/etcd/api/v3/version.GitSHA=v$etcd_v"
@@ -165,11 +172,7 @@ build_etcd() {
 # --- helm -------------------------------------------------------------------
 build_helm() {
     local mod="$cache/helm/$helm_v/gomod" path="helm.sh/helm/v$helm_major"
-    mkdir -p "$mod"
-    if [[ ! -f "$mod/go.mod" ]]; then
-        printf 'module eop.local/helmbuild\n\ngo 1.26.0\n\nrequire %s v%s\n' \
-            "$path" "$helm_v" >"$mod/go.mod"
-    fi
+    throwaway_module "$mod" helmbuild "$path" "$helm_v"
     go_build "$mod" "$path/cmd/helm" "$helm_bin/helm" \
         "-X $path/internal/version.version=v$helm_v -X $path/internal/version.gitTreeState=clean"
 }
@@ -177,11 +180,7 @@ build_helm() {
 # --- coredns ----------------------------------------------------------------
 build_coredns() {
     local mod="$cache/coredns/$coredns_v/gomod" path="github.com/coredns/coredns"
-    mkdir -p "$mod"
-    if [[ ! -f "$mod/go.mod" ]]; then
-        printf 'module eop.local/corednsbuild\n\ngo 1.26.0\n\nrequire %s v%s\n' \
-            "$path" "$coredns_v" >"$mod/go.mod"
-    fi
+    throwaway_module "$mod" corednsbuild "$path" "$coredns_v"
     # The main package is the module's root; the plugins compiled in are the upstream default
     # set (core/plugin/zplugin.go, generated from plugin.cfg and part of the module).
     go_build "$mod" "$path" "$coredns_bin/coredns" "-X $path/coremain.GitCommit=v$coredns_v"

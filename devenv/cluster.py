@@ -74,7 +74,7 @@ from devenv.cluster_images import (
     build_pause_image,
     build_toolbox_image,
 )
-from devenv.kube import ControlPlaneError, KubeBinaries, build_binaries
+from devenv.kube import ControlPlaneError, KubeBinaries, build_binaries, run_helm, run_kubectl
 from devenv.netns_forward import Endpoint, Forward, read_forward
 from devenv.podnet import GATEWAY, NetnsError, node_layout
 from devenv.processes import cmdline, free_port, kill_and_wait, log_tail, pid_alive, start_time
@@ -372,30 +372,28 @@ class LocalCluster:
         timeout: float | None = 120.0,
     ) -> subprocess.CompletedProcess[str]:
         """Run kubectl with the admin kubeconfig; output captured as text."""
-        return subprocess.run(
-            [str(self.binaries.kubectl), f"--kubeconfig={self.kubeconfig}", *args],
-            capture_output=True,
-            text=True,
-            input=input,
-            check=check,
-            timeout=timeout,
+        return run_kubectl(
+            self.binaries.kubectl,
+            self.kubeconfig,
+            args,
             env=self.env(),
+            check=check,
+            input=input,
+            timeout=timeout,
         )
 
     def helm(
         self, *args: str, check: bool = False, timeout: float | None = 600.0
     ) -> subprocess.CompletedProcess[str]:
         """Run helm against the cluster (its cache/config/data dirs under ``DIR/helm``)."""
-        env = self.env()
-        for kind in ("CACHE", "CONFIG", "DATA"):
-            env[f"HELM_{kind}_HOME"] = str(self.dir / "helm" / kind.lower())
-        return subprocess.run(
-            [str(self.binaries.helm), f"--kubeconfig={self.kubeconfig}", *args],
-            capture_output=True,
-            text=True,
+        return run_helm(
+            self.binaries.helm,
+            self.kubeconfig,
+            args,
+            env=self.env(),
+            helm_home=self.dir / "helm",
             check=check,
             timeout=timeout,
-            env=env,
         )
 
     def ctr(

@@ -31,11 +31,17 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from devenv.certs import make_certs
-from devenv.processes import die_with_parent, distinct_free_ports
+from devenv.processes import (
+    Service,
+    die_with_parent,
+    distinct_free_ports,
+    log_tail,
+    serve_until_stopped,
+    stop_on_signals,
+)
 from devenv.versions import versions
 
 FETCH_SCRIPT = Path(__file__).with_name("fetch-jars.sh")
@@ -117,15 +123,7 @@ def _random_cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
-def _tail(path: Path, lines: int = 60) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-class KafkaBroker:
+class KafkaBroker(Service):
     """One Kafka broker in KRaft combined mode, in ``work_dir``, on free 127.0.0.1 ports.
 
     The ports are picked at the first :meth:`start` and kept: after :meth:`stop`, a new
@@ -453,7 +451,7 @@ class KafkaBroker:
                 self._start_once()
                 return self
             except KafkaBrokerError:
-                bind_race = "Address already in use" in _tail(self.log_path, 200)
+                bind_race = "Address already in use" in log_tail(self.log_path, 200)
                 if not (fresh and bind_race and attempt + 1 < attempts):
                     raise
                 # Something took a port between probing and binding: new ports, and a fresh
@@ -522,7 +520,7 @@ class KafkaBroker:
             self._kill()
             if isinstance(exc, KafkaBrokerError):
                 raise KafkaBrokerError(
-                    f"{exc}\n--- tail of {self.log_path} ---\n{_tail(self.log_path)}"
+                    f"{exc}\n--- tail of {self.log_path} ---\n{log_tail(self.log_path, 60)}"
                 ) from None
             raise
 
@@ -658,17 +656,6 @@ class KafkaBroker:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             proc.wait(30)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -831,9 +818,7 @@ def _up(argv: Sequence[str]) -> int:
             print(jar)
         return 0
 
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     started = time.monotonic()
     certs = make_certs(args.dir / "certs").directory if args.tls else None
     broker = KafkaBroker(args.dir, heap=args.heap, tls_certs=certs, port=args.port).start()
@@ -854,10 +839,9 @@ def _up(argv: Sequence[str]) -> int:
             "Ctrl-C to stop.",
             flush=True,
         )
-        while not stop.wait(1.0):
-            if not broker.running:
-                print(f"the broker exited; see {broker.log_path}", file=sys.stderr)
-                return 1
+        if not serve_until_stopped(stop, lambda: broker.running):
+            print(f"the broker exited; see {broker.log_path}", file=sys.stderr)
+            return 1
     finally:
         broker.stop()
     return 0

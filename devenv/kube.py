@@ -22,7 +22,6 @@ import base64
 import ipaddress
 import json
 import os
-import signal
 import socket
 import ssl
 import subprocess
@@ -33,10 +32,17 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType, TracebackType
 from typing import IO, Any, Self
 
-from devenv.processes import free_port, spawn_logged, terminate
+from devenv.processes import (
+    Service,
+    free_port,
+    log_tail,
+    serve_until_stopped,
+    spawn_logged,
+    stop_on_signals,
+    terminate,
+)
 from devenv.versions import cache_root, versions
 
 __all__ = [
@@ -137,15 +143,58 @@ def build_binaries(components: Sequence[str] = (), *, quiet: bool = False) -> Ku
     return KubeBinaries.from_cache()
 
 
+def run_kubectl(
+    kubectl: Path,
+    kubeconfig: Path | str,
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    check: bool,
+    input: str | None,
+    timeout: float | None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``kubectl --kubeconfig=KUBECONFIG ARGS``; output captured as text.
+
+    With ``check`` a non-zero exit raises :class:`subprocess.CalledProcessError`.
+    """
+    return subprocess.run(
+        [str(kubectl), f"--kubeconfig={kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        input=input,
+        check=check,
+        timeout=timeout,
+        env=dict(env),
+    )
+
+
+def run_helm(
+    helm: Path,
+    kubeconfig: Path | str,
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    helm_home: Path,
+    check: bool,
+    timeout: float | None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``helm --kubeconfig=KUBECONFIG ARGS`` with its cache, config and data dirs under
+    ``helm_home``; output captured as text."""
+    env = dict(env)
+    for kind in ("CACHE", "CONFIG", "DATA"):
+        env[f"HELM_{kind}_HOME"] = str(helm_home / kind.lower())
+    return subprocess.run(
+        [str(helm), f"--kubeconfig={kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        check=check,
+        timeout=timeout,
+        env=env,
+    )
+
+
 def _tail_text(text: str, lines: int) -> str:
     return "\n".join(text.splitlines()[-lines:])
-
-
-def _tail_file(path: Path, lines: int = 40) -> str:
-    try:
-        return _tail_text(path.read_text(errors="replace"), lines)
-    except OSError as exc:
-        return f"(no log: {exc})"
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -164,7 +213,7 @@ class _Proc:
     log_file: IO[bytes]
 
 
-class ControlPlane:
+class ControlPlane(Service):
     """etcd + kube-apiserver + kube-controller-manager on 127.0.0.1, for tests.
 
     Everything lives in ``work_dir``: ``pki/`` (certificates), ``etcd-data/``,
@@ -276,17 +325,6 @@ class ControlPlane:
 
     # -------------------------------------------------------------- lifecycle
 
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def start(self) -> Self:
         """Generate certificates, start the components and wait until usable.
 
@@ -360,14 +398,14 @@ class ControlPlane:
         With ``check`` a non-zero exit raises :class:`subprocess.CalledProcessError`.
         """
         config = str(kubeconfig if kubeconfig is not None else self.kubeconfig)
-        return subprocess.run(
-            [str(self.binaries.kubectl), f"--kubeconfig={config}", *args],
-            capture_output=True,
-            text=True,
-            input=input,
-            check=check,
-            timeout=timeout,
+        return run_kubectl(
+            self.binaries.kubectl,
+            config,
+            args,
             env=self.env(config),
+            check=check,
+            input=input,
+            timeout=timeout,
         )
 
     def helm(
@@ -379,17 +417,14 @@ class ControlPlane:
     ) -> subprocess.CompletedProcess[str]:
         """Run helm against this cluster, with its cache/config/data dirs in the work dir."""
         config = str(kubeconfig if kubeconfig is not None else self.kubeconfig)
-        env = self.env(config)
-        helm_home = self.work_dir / "helm"
-        for kind in ("CACHE", "CONFIG", "DATA"):
-            env[f"HELM_{kind}_HOME"] = str(helm_home / kind.lower())
-        return subprocess.run(
-            [str(self.binaries.helm), f"--kubeconfig={config}", *args],
-            capture_output=True,
-            text=True,
+        return run_helm(
+            self.binaries.helm,
+            config,
+            args,
+            env=self.env(config),
+            helm_home=self.work_dir / "helm",
             check=check,
             timeout=timeout,
-            env=env,
         )
 
     def env(self, kubeconfig: Path | str | None = None) -> dict[str, str]:
@@ -597,7 +632,7 @@ class ControlPlane:
         code = proc.popen.poll()
         state = "running" if code is None else f"exited with {code}"
         return ControlPlaneError(
-            f"{proc.name} {what} ({state}); last lines of {proc.log}:\n{_tail_file(proc.log)}"
+            f"{proc.name} {what} ({state}); last lines of {proc.log}:\n{log_tail(proc.log)}"
         )
 
     def _wait(self, proc: _Proc, probe: str, deadline: float) -> None:
@@ -807,14 +842,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     binaries = KubeBinaries.from_cache() if args.no_build else build_binaries()
-    stopping = False
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop = stop_on_signals()
     cp = ControlPlane(args.dir, binaries=binaries, scheduler=args.scheduler)
     try:
         cp.start()
@@ -827,12 +855,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kubectl: {cp.kubectl_path}", file=sys.stderr)
         print(f"export KUBECONFIG={cp.kubeconfig}", file=sys.stderr)
         print(cp.kubeconfig, flush=True)
-        while not stopping:
-            if not cp.running:
-                dead = [p.name for p in cp._procs if p.popen.poll() is not None]
-                print(f"error: component(s) exited: {dead}; see {cp.log_dir}", file=sys.stderr)
-                return 1
-            time.sleep(0.5)
+        if not serve_until_stopped(stop, lambda: cp.running, 0.5):
+            dead = [p.name for p in cp._procs if p.popen.poll() is not None]
+            print(f"error: component(s) exited: {dead}; see {cp.log_dir}", file=sys.stderr)
+            return 1
         print("stopping ...", file=sys.stderr)
         return 0
     finally:

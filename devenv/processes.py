@@ -1,5 +1,6 @@
-"""Background processes of the dev environment: logged to a file, tied to their parent; and
-looking at, and ending, processes by pid."""
+"""Background processes of the dev environment: logged to a file, tied to their parent; run
+as context managers and served in the foreground until Ctrl-C; and looking at, and ending,
+processes by pid."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from types import TracebackType
+from typing import IO, Self
 
 PR_SET_PDEATHSIG = 1
 
@@ -84,6 +88,55 @@ def terminate(popen: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
         except subprocess.TimeoutExpired:
             popen.kill()
             popen.wait()
+
+
+class Service(ABC):
+    """A component of the dev environment that :meth:`start` brings up and :meth:`stop` ends.
+
+    ``with Service(...) as service`` starts it on entry and stops it on exit.
+    """
+
+    @abstractmethod
+    def start(self) -> Self:
+        """Bring the component up; return once it is usable."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """End the component (idempotent)."""
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def stop_on_signals() -> threading.Event:
+    """An event that SIGINT (Ctrl-C) and SIGTERM set from now on, for an ``up`` command.
+
+    Call it from the main thread before starting what the command serves, so that a signal
+    during start-up ends the command once the start is over instead of interrupting it.
+    """
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def serve_until_stopped(
+    stop: threading.Event, alive: Callable[[], bool], interval: float = 1.0
+) -> bool:
+    """Wait until ``stop`` is set (True) or, checked every ``interval`` s, ``alive()`` is not
+    (False: what the command serves has exited by itself)."""
+    while not stop.wait(interval):
+        if not alive():
+            return False
+    return True
 
 
 def log_tail(path: Path, lines: int = 40) -> str:

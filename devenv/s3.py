@@ -32,7 +32,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -40,10 +39,16 @@ import urllib.request
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Self
 
-from devenv.processes import distinct_free_ports, spawn_logged
+from devenv.processes import (
+    Service,
+    distinct_free_ports,
+    log_tail,
+    serve_until_stopped,
+    spawn_logged,
+    stop_on_signals,
+)
 from devenv.versions import cache_root, versions
 
 BUILD_SCRIPT = Path(__file__).with_name("build-tools.sh")
@@ -92,15 +97,7 @@ def s3a_jars() -> list[Path]:
     return jars
 
 
-def _tail(path: Path, lines: int = 60) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-class S3Server:
+class S3Server(Service):
     """One SeaweedFS server with its S3 gateway, in ``work_dir``, on free ports of ``host``.
 
     The ports and keys are chosen at the first :meth:`start` and kept in the work directory:
@@ -257,7 +254,7 @@ class S3Server:
             self.kill()
             if isinstance(exc, S3ServerError):
                 raise S3ServerError(
-                    f"{exc}\n--- tail of {self.log_path} ---\n{_tail(self.log_path)}"
+                    f"{exc}\n--- tail of {self.log_path} ---\n{log_tail(self.log_path, 60)}"
                 ) from None
             raise
         return self
@@ -307,17 +304,6 @@ class S3Server:
         if self._log is not None:
             self._log.close()
         self._proc, self._log = None, None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- the S3 API -----------------------------------------------------------------------------
 
@@ -464,9 +450,7 @@ def _up(argv: Sequence[str]) -> int:
             print(jar)
         return 0
 
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     started = time.monotonic()
     server = S3Server(args.dir, host=args.host).start()
     try:
@@ -485,10 +469,9 @@ def _up(argv: Sequence[str]) -> int:
             "Ctrl-C to stop.",
             flush=True,
         )
-        while not stop.wait(1.0):
-            if not server.running:
-                print(f"the server exited; see {server.log_path}", file=sys.stderr)
-                return 1
+        if not serve_until_stopped(stop, lambda: server.running):
+            print(f"the server exited; see {server.log_path}", file=sys.stderr)
+            return 1
     finally:
         server.stop()
     return 0

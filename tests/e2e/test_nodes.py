@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from devenv.cluster import (
     ClusterError,
     LocalCluster,
 )
+from tests.e2e.test_cluster import _eventually
 
 pytestmark = pytest.mark.nodes
 
@@ -42,19 +43,6 @@ RESCHEDULED_WITHIN = 90
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _eventually(check: Callable[[], Any], timeout: float, what: Callable[[], str] | str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout:.0f}s: {what() if callable(what) else what}"
-            )
-        time.sleep(0.5)
 
 
 def _get(cluster: LocalCluster, *args: str) -> dict[str, Any]:
