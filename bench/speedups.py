@@ -224,6 +224,9 @@ def _print_table(copies: dict[str, list[Copy]]) -> None:
             f"{name:<26} {statistics.median(rates):>10,.0f} "
             f"{paired_ratio(rates, default):>10.2f} {per_million:>13.1f}"
         )
+    if len(default) < 2:
+        print("\nnoise: one round gives no spread (run two or more)")
+        return
     spread = min(default) / max(default)
     print(
         f"\nnoise: the default's slowest round / its fastest = {spread:.2f} "
