@@ -451,10 +451,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--recovery-samples", type=int, default=2)
     parser.add_argument("--work", type=Path, help="work directory (default: a temp dir)")
-    args = parser.parse_args(argv)
+    return in_work_dir(parser.parse_args(argv), run_benchmark)
+
+
+def in_work_dir(args: argparse.Namespace, run: Callable[[argparse.Namespace, Path], int]) -> int:
+    """``run(args, work)`` in ``args.work``, or in a temporary directory removed after it."""
     work = args.work or Path(tempfile.mkdtemp(prefix="eop-bench-"))
     try:
-        return run_benchmark(args, work)
+        return run(args, work)
     finally:
         if args.work is None:  # the broker's logs alone take gigabytes
             shutil.rmtree(work, ignore_errors=True)

@@ -89,10 +89,11 @@ def session_conf(
         # Any other byte limit than Int.MaxValue (Spark 4.0's default is 256 MB) makes the
         # JVM measure the Arrow batch after every row it adds: a fifth of the driver's CPU.
         "spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1),
+    }
+    if os.environ.get(worker_daemon.NO_WORKER_DAEMON_ENV) != "1":
         # Python workers fork from eop's daemon: it keeps Spark's zips off their path and
         # their libraries out of the per-task gc.collect() (see eop_spark.speedups.worker_daemon).
-        "spark.python.daemon.module": worker_daemon.__name__,
-    }
+        conf["spark.python.daemon.module"] = worker_daemon.__name__
     if is_local(config.checkpoint_location):
         # Spark's default manager goes through Hadoop's FileContext, whose local file system
         # runs `readlink` in a new process for each path a rename looks at (Hadoop's native

@@ -128,6 +128,9 @@ def _local_dir() -> str | None:
 QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 #: Set to 1 in the workers' environment to read as pyspark's own workers do (to compare).
 NO_QUICK_ACK_ENV = "EOP_NO_QUICK_ACK"
+#: Set to 1 in the runner's environment to have Spark fork the workers from pyspark's own
+#: daemon (to compare): none of this module's changes, no producer hub, no quick ACKs.
+NO_WORKER_DAEMON_ENV = "EOP_NO_WORKER_DAEMON"
 
 
 class QuickAckReads(io.RawIOBase):

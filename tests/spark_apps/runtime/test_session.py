@@ -63,6 +63,12 @@ def test_python_workers_fork_from_eops_daemon() -> None:
     assert conf["spark.python.daemon.module"] == "eop_spark.speedups.worker_daemon"
 
 
+def test_eop_no_worker_daemon_leaves_pysparks_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EOP_NO_WORKER_DAEMON", "1")
+    conf = session_conf(make_config(), [], Path("/tmp/l.properties"))
+    assert "spark.python.daemon.module" not in conf
+
+
 def test_a_class_archive_goes_to_the_driver_jvm(tmp_path: Path) -> None:
     archive = tmp_path / "spark.jsa"
     options = java_options(archive)

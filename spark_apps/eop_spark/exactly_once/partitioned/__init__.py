@@ -23,9 +23,9 @@ jvm_writer.py)              setting of the sink has a Java client     of Spark's
 
 a Python worker, through    fallback: no JVM writer, the executor's   one producer per transactional
 the executor's producer     worker daemon started a hub (unless       id for the executor's life,
-hub                         EOP_NO_PRODUCER_HUB is set), and the      whichever worker runs the
-(speedups/producer_hub.py)  task's first Arrow batch is under 4 MiB   task: no init_transactions per
-                                                                      task when Spark moves a
+hub                         EOP_NO_PRODUCER_HUB or                    whichever worker runs the
+(speedups/producer_hub.py)  EOP_NO_WORKER_DAEMON is set), and the     task: no init_transactions per
+                            task's first Arrow batch is under 4 MiB   task when Spark moves a
                                                                       partition between workers
 
 a Python worker, with its   fallback: no JVM writer, and no hub to    always available; for big
@@ -41,6 +41,8 @@ changes what is committed.  The hub is a speed-up the runner plugs in (the
 task function's ``hand_off``, see :class:`.task.TaskHandOff`); on both Python
 paths the producers queue Arrow columns through the Arrow path the runner
 gives them (:mod:`eop_spark.speedups.native_produce`), else through ``produce()``.
+``.venv/bin/python -m bench.speedups`` measures each path, and each speed-up of
+the Python paths, side by side (docs/performance.md, "Python tasks").
 
 In local mode, where the driver's JVM runs the tasks, the JVM writer takes a
 run's ids and reads G for them while the query starts (``JvmTasks.prepare``):
