@@ -10,12 +10,14 @@ most of what a restart after a crash costs beyond the first batch.
 short training run of the runtime (:mod:`eop_spark.runtime.class_archive_training`).
 Runners use the first archive found (see :func:`find_archive`); none found means
 the JVM starts as usual.  An archive of another JDK or Spark build is ignored by the JVM
-(``-Xshare:auto``), and the cache key below keeps such archives apart anyway.
+(``-Xshare:auto``), and the cache key below keeps such archives apart anyway, as it
+keeps apart the archives of two checkouts, whose JVMs start with different class paths.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 from importlib.metadata import version
@@ -43,10 +45,19 @@ def java_key() -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
+def classpath_key() -> str:
+    """A short key naming where pyspark's jars are: a dynamic archive maps only into a JVM
+    started with the class path it was written with, so two checkouts (two virtualenvs)
+    sharing one cache need one archive each."""
+    spec = importlib.util.find_spec("pyspark")
+    where = Path(spec.origin).resolve().parent / "jars" if spec and spec.origin else None
+    return hashlib.sha256(str(where).encode()).hexdigest()[:8]
+
+
 def cache_archive() -> Path:
-    """The archive's place in the dev cache: per pyspark version and JDK build."""
+    """The archive's place in the dev cache: per pyspark version, JDK build and class path."""
     cache = Path(os.environ.get("EOP_CACHE", Path.home() / ".cache" / "eop"))
-    return cache / "spark-cds" / version("pyspark") / f"{java_key()}.jsa"
+    return cache / "spark-cds" / version("pyspark") / f"{java_key()}-{classpath_key()}.jsa"
 
 
 def find_archive() -> Path | None:

@@ -3,19 +3,29 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from eop_spark.speedups import class_archive
 
 
-def test_the_cache_archive_is_keyed_by_spark_and_jdk(
+def test_the_cache_archive_is_keyed_by_spark_jdk_and_class_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("EOP_CACHE", str(tmp_path))
     path = class_archive.cache_archive()
     assert path.parent.parent == tmp_path / "spark-cds"
-    assert path.name == f"{class_archive.java_key()}.jsa"
+    assert path.name.startswith(class_archive.java_key())
+    # Another checkout's virtualenv (pyspark's jars elsewhere) has an archive of its own: the
+    # JVM refuses to map an archive written with another class path.
+    other = tmp_path / "other-venv" / "pyspark" / "__init__.py"
+    monkeypatch.setattr(
+        class_archive.importlib.util,
+        "find_spec",
+        lambda name: SimpleNamespace(origin=str(other)),
+    )
+    assert class_archive.cache_archive() != path
 
 
 def test_lookup_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
