@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from eop_operator.kube.observed import OWN_WRITES_SECONDS, Observed, OwnWrites, slim
+from eop_operator.reconcile.observe import lost_with_node
 from eop_operator.render.naming import PIPELINE_LABEL
 
 
@@ -85,3 +86,29 @@ def test_versions_change_with_any_object_the_lifecycle_reads() -> None:
     assert before == observed.versions("ns", "p", clock=2.0)
     children[("ns", "p")].append(_child("Pod", "p-driver-0", "8", uid="pod"))
     assert observed.versions("ns", "p", clock=3.0) != before
+
+
+def test_a_driver_lost_with_its_node_is_named_by_it_through_the_watch() -> None:
+    """What the operator keeps of a pod still says which node it went with."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p-driver-0", "namespace": "ns", "uid": "d1"},
+        "spec": {"nodeName": "node2", "containers": [{"name": "driver"}]},
+        "status": {
+            "phase": "Failed",
+            "conditions": [
+                {
+                    "type": "DisruptionTarget",
+                    "reason": "DeletionByTaintManager",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ],
+            "containerStatuses": [{"name": "driver", "state": {"running": {}}}],
+        },
+    }
+    kept = slim(pod)
+    assert "containers" not in kept["spec"]
+    termination = lost_with_node(kept)
+    assert termination is not None and termination.node_lost
+    assert "node node2 was not reporting" in termination.message

@@ -48,7 +48,7 @@ def slim(obj: Mapping[str, Any]) -> dict[str, Any]:
 
     Every kind keeps its metadata (no ``managedFields``); pipelines keep spec and
     status, StatefulSets their spec without the pod template's spec, and their
-    status, pods their status, claims spec and status.  ConfigMaps, Services and
+    status, pods their node and status, claims spec and status.  ConfigMaps, Services and
     the driver's RBAC keep only metadata: their versions tell the lifecycle
     whether anyone changed them.
     """
@@ -66,6 +66,9 @@ def slim(obj: Mapping[str, Any]) -> dict[str, Any]:
         spec["template"] = {"metadata": template.get("metadata") or {}}
         kept.update(spec=spec, status=obj.get("status") or {})
     elif kind == "Pod":
+        node = (obj.get("spec") or {}).get("nodeName")
+        if node:  # a driver lost with its node is named by it (reconcile.observe)
+            kept["spec"] = {"nodeName": node}
         kept["status"] = obj.get("status") or {}
     return kept
 
