@@ -264,7 +264,8 @@ def test_the_local_clusters_values_run_host_network_pipelines(helm: Helm, tmp_pa
 
     from demo.run import Images, operator_values
 
-    cluster = SimpleNamespace(apiserver_port=6443)  # the only thing the values read from it
+    # The only things the values read from it.
+    cluster = SimpleNamespace(apiserver_port=6443, pod_network=False)
     values = operator_values(
         cluster, Images("localhost/eop-operator:t", "localhost/eop-spark:t"), ["ads"]
     )  # type: ignore[arg-type]
