@@ -306,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     rates: dict[str, list[float]] = {setup: [] for setup in SETUPS}
     recovered: dict[str, float] = {}
     try:
+        (work / "operator").mkdir(parents=True, exist_ok=True)
         with scale_out_environment(e2e, broker, s3, work / "operator") as so:
             source = f"bench-in-{uuid.uuid4().hex[:6]}"
             broker.create_topic(source, 4)
