@@ -101,9 +101,12 @@ def fill(broker: KafkaBroker, topic: str, records: int) -> None:
     producer = Producer(broker.client_config({"linger.ms": 50, "enable.idempotence": True}))
     pad = "x" * (RECORD_BYTES - 12)
     for i in range(records):
-        producer.produce(topic, key=f"k{i:09d}".encode(), value=f"{pad}{i:012d}".encode())
-        if i % 10_000 == 0:
-            producer.poll(0)
+        while True:
+            try:
+                producer.produce(topic, key=f"k{i:09d}".encode(), value=f"{pad}{i:012d}".encode())
+                break
+            except BufferError:  # the client's queue is full: let it send
+                producer.poll(0.05)
     assert producer.flush(120) == 0
 
 
