@@ -200,7 +200,12 @@ def end_offsets(broker: KafkaBroker, topic: str) -> dict[int, int]:
 
 def progress_offsets(broker: KafkaBroker, group: str, topic: str) -> dict[int, int]:
     """Offsets of ``topic`` committed in ``group`` (require_stable); missing -> absent."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka import (
+        ConsumerGroupTopicPartitions,
+        KafkaError,
+        KafkaException,
+        TopicPartition,
+    )
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient(broker.client_config({"log_level": 3}))
@@ -208,9 +213,27 @@ def progress_offsets(broker: KafkaBroker, group: str, topic: str) -> dict[int, i
     request = ConsumerGroupTopicPartitions(
         group, [TopicPartition(topic, p) for p in meta.topics[topic].partitions]
     )
-    futures = admin.list_consumer_group_offsets([request], require_stable=True, request_timeout=10)
-    result = futures[group].result()
-    return {tp.partition: tp.offset for tp in result.topic_partitions if tp.offset >= 0}
+    deadline = time.monotonic() + 30
+    while True:
+        futures = admin.list_consumer_group_offsets(
+            [request], require_stable=True, request_timeout=10
+        )
+        try:
+            result = futures[group].result()
+        except KafkaException as exc:
+            # A coordinator still loading its offsets (a broker just started, or the group's
+            # partition moved) answers again shortly.
+            error = exc.args[0]
+            passing = error.retriable() or error.code() in (
+                KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                KafkaError.COORDINATOR_NOT_AVAILABLE,
+                KafkaError.NOT_COORDINATOR,
+            )
+            if not passing or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+            continue
+        return {tp.partition: tp.offset for tp in result.topic_partitions if tp.offset >= 0}
 
 
 def wait_caught_up(broker: KafkaBroker, pipeline: str, topic: str, timeout: float) -> None:
