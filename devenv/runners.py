@@ -31,7 +31,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from devenv.kafka import KafkaBroker, until_coordinator_ready
+from devenv.kafka import CONSUMER_GROUPS_TOOL, KafkaBroker, until_coordinator_ready
 from devenv.s3 import S3Server
 from eop_spark.contract.run_config import SCRATCH_ENV
 
@@ -405,6 +405,21 @@ class Pipeline:
         stored = {(f"{self.group}.progress.{t}", p): (t, p) for t, p in partitions}
         found = committed_offsets(self.sink_broker, self.group, list(stored))
         return {stored[tp]: offset for tp, offset in found.items()}
+
+    def delete_progress(self, partition: int) -> None:
+        """Delete G's committed offset of one source partition, as an expiry would (with
+        Kafka's own tool, on the source's cluster)."""
+        self.broker.run_tool(
+            CONSUMER_GROUPS_TOOL,
+            "--bootstrap-server",
+            self.broker.bootstrap_servers,
+            "--delete-offsets",
+            "--group",
+            self.group,
+            "--topic",
+            f"{self.source_topic}:{partition}",
+            check=True,
+        )
 
     def lag_view(self, *topics: str) -> Offsets:
         """G's offsets on the source's cluster for ``topics`` (the source topic): the lag view."""

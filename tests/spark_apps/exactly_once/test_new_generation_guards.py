@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from devenv.kafka import CONSUMER_GROUPS_TOOL
 from devenv.runners import Pipeline, Runner, produce
 from eop_spark.contract.errors import EXIT_PROGRESS_MISSING, EXIT_STATE_LOST
 from tests.spark_apps.runs import assert_exactly_once
@@ -30,17 +29,7 @@ RECORDS = 60
 
 def _delete_progress(pipeline: Pipeline, partition: int) -> None:
     """Delete G's committed offset of one source partition, as an expiry would."""
-    pipeline.broker.run_tool(
-        CONSUMER_GROUPS_TOOL,
-        "--bootstrap-server",
-        pipeline.broker.bootstrap_servers,
-        "--delete-offsets",
-        "--group",
-        pipeline.group,
-        "--topic",
-        f"{pipeline.source_topic}:{partition}",
-        check=True,
-    )
+    pipeline.delete_progress(partition)
     assert (pipeline.source_topic, partition) not in pipeline.progress()
 
 

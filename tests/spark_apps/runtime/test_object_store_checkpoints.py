@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from devenv.kafka import CONSUMER_GROUPS_TOOL
 from devenv.runners import REPO, ObjectStoreCheckpoints, Pipeline, Runner, produce, runner_env
 from devenv.s3 import S3Server
 from eop_spark.contract.errors import EXIT_PROGRESS_MISSING, EXIT_RUNTIME
@@ -122,17 +121,7 @@ def test_generations_live_side_by_side_in_the_bucket(
 
     # A later generation reads the earlier ones' offsets logs from the bucket: G losing a
     # partition they committed stops it, naming the generation.
-    pipeline.broker.run_tool(
-        CONSUMER_GROUPS_TOOL,
-        "--bootstrap-server",
-        pipeline.broker.bootstrap_servers,
-        "--delete-offsets",
-        "--group",
-        pipeline.group,
-        "--topic",
-        f"{pipeline.source_topic}:1",
-        check=True,
-    )
+    pipeline.delete_progress(1)
     guarded = _run_to_end(pipeline, fallback | {"generationReason": "SpecChanged"}, generation=2)
     assert guarded.proc.returncode == EXIT_PROGRESS_MISSING, guarded.tail()
     line = _failure_line(guarded)
