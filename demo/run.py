@@ -665,6 +665,8 @@ def remove_previous_run(cluster: LocalCluster, timeout: float = 180.0) -> None:
     pipelines are applied only once all of it is gone, or their drivers would
     wait for claims that are being deleted.
     """
+    if cluster.kubectl("get", "namespace", NAMESPACE).returncode != 0:
+        return
     names = (CLEAN, COUNT)
     for name in names:
         cluster.kubectl("delete", "eop", name, "-n", NAMESPACE, "--ignore-not-found",
@@ -688,6 +690,24 @@ def remove_previous_run(cluster: LocalCluster, timeout: float = 180.0) -> None:
                                  timeout=timeout + 30)  # fmt: skip
         if result.returncode != 0:
             raise DemoError(f"the previous run's claim {name}-checkpoint: {result.stderr.strip()}")
+
+
+def remove_workloads(cluster: LocalCluster) -> None:
+    """Delete the demo's pipelines before the cluster goes down, so that nothing of it runs again.
+
+    The cluster keeps its data when it stops: without this, the next start (``make test``,
+    ``make cluster-up``) would bring the demo's drivers back, holding a core of the node
+    against a broker that is gone. A second Ctrl-C skips it; the next demo removes what is
+    left (:func:`remove_previous_run`), and so does the end-to-end tier when it starts the
+    cluster.
+    """
+    try:
+        remove_previous_run(cluster, timeout=60.0)
+        step(f"pipelines of {NAMESPACE} deleted")
+    except KeyboardInterrupt:
+        step(f"interrupted: the pipelines of {NAMESPACE} stay until the next run removes them")
+    except DemoError as exc:
+        step(f"the pipelines of {NAMESPACE} could not all be deleted: {exc}")
 
 
 def run_scenario(
@@ -804,6 +824,8 @@ def main(argv: list[str] | None = None) -> int:
                         time.sleep(1)
                 broker.stop()
         else:
+            if cluster is not None:
+                remove_workloads(cluster)
             if broker is not None:
                 broker.stop()
                 step("Kafka broker stopped")

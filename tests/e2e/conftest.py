@@ -4,7 +4,7 @@
   ``~/.cache/eop/cluster``), started if it is not running, with the current images built and
   imported. A cluster this session started is stopped at the end (its data stays, so the next
   start is warm) unless ``EOP_E2E_KEEP_CLUSTER=1``; one that was already running is left
-  running.
+  running. Pipelines a killed demo left are deleted first.
 * ``e2e_namespace`` (function): a fresh namespace, deleted after the test.
 
 The cluster is brought up (and the images built) right after collection, when a selected test
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from demo.run import remove_previous_run
 from devenv.cluster import LocalCluster
 
 
@@ -46,6 +47,9 @@ def _bring_up() -> E2ECluster:
         cluster = LocalCluster()
         was_running = cluster.is_running()
         cluster.up(images=False)
+        # A demo that was killed left its pipelines running, or in the data of the cluster
+        # it stopped: their drivers would hold a core of the node this tier needs.
+        remove_previous_run(cluster, timeout=60.0)
         refs = cluster.load_images()
         _session["cluster"] = E2ECluster(
             cluster, refs["operator"], refs["spark"], started_here=not was_running

@@ -435,6 +435,16 @@ def test_operator_from_chart_runs_a_pipeline_exactly_once(
         )
 
 
+def _unscheduled_reason(pod: dict[str, Any]) -> str:
+    """Why the scheduler has not placed ``pod`` (its PodScheduled condition), or ''."""
+    if not pod:
+        return "(no pod)"
+    for condition in pod.get("status", {}).get("conditions", []):
+        if condition["type"] == "PodScheduled" and condition["status"] != "True":
+            return f"not scheduled: {condition.get('message', condition.get('reason', ''))}"
+    return ""
+
+
 def _scheduled_at(pod: dict[str, Any]) -> str | None:
     for condition in pod.get("status", {}).get("conditions", []):
         if condition["type"] == "PodScheduled" and condition["status"] == "True":
@@ -488,8 +498,9 @@ def test_two_pipelines_run_at_once_on_the_one_node(
                 pod = f"{name}-driver-0"
                 logs = e2e.cluster.kubectl("logs", "-n", ns, pod, "--tail=40").stdout
                 previous = e2e.cluster.kubectl("logs", "-n", ns, pod, "--previous", "--tail=40")
+                found = _driver_pod(e2e, ns, name)
                 text += (
-                    f"\n--- {pod}: {_termination_messages(_driver_pod(e2e, ns, name))}"
+                    f"\n--- {pod}: {_termination_messages(found)} {_unscheduled_reason(found)}"
                     f"\n{logs}\n--- {pod}, previous container:\n{previous.stdout}"
                 )
             operator_logs = e2e.cluster.kubectl("logs", "-n", ops_ns, operator_pod, "--tail=30")
