@@ -435,21 +435,25 @@ def test_operator_from_chart_runs_a_pipeline_exactly_once(
         )
 
 
+def _pod_scheduled(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod's PodScheduled condition ({} before the scheduler has looked at it)."""
+    conditions = pod.get("status", {}).get("conditions", [])
+    return next((c for c in conditions if c["type"] == "PodScheduled"), {})
+
+
 def _unscheduled_reason(pod: dict[str, Any]) -> str:
-    """Why the scheduler has not placed ``pod`` (its PodScheduled condition), or ''."""
+    """Why the scheduler has not placed ``pod``, or ''."""
     if not pod:
         return "(no pod)"
-    for condition in pod.get("status", {}).get("conditions", []):
-        if condition["type"] == "PodScheduled" and condition["status"] != "True":
-            return f"not scheduled: {condition.get('message', condition.get('reason', ''))}"
+    condition = _pod_scheduled(pod)
+    if condition and condition["status"] != "True":
+        return f"not scheduled: {condition.get('message', condition.get('reason', ''))}"
     return ""
 
 
 def _scheduled_at(pod: dict[str, Any]) -> str | None:
-    for condition in pod.get("status", {}).get("conditions", []):
-        if condition["type"] == "PodScheduled" and condition["status"] == "True":
-            return str(condition["lastTransitionTime"])
-    return None
+    condition = _pod_scheduled(pod)
+    return str(condition["lastTransitionTime"]) if condition.get("status") == "True" else None
 
 
 def _metrics(port: int) -> dict[str, float]:
