@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 CRD := exactlyoncepipelines.exactlyonce.io.yaml
 
-.PHONY: demo setup deps crds lint test test-unit test-fast test-e2e test-nodes cluster-up cluster-down clean
+.PHONY: demo setup deps deps-demo crds lint test test-unit test-fast test-e2e test-nodes cluster-up cluster-down clean
 
 # cluster-up/cluster-down: 1 is the single-node cluster on loopback; more is the multi-node
 # cluster on a pod network (`make cluster-up NODES=3`).
@@ -23,6 +23,12 @@ deps: setup
 	bash devenv/fetch-jars.sh
 	bash devenv/build-tools.sh
 
+## deps-demo: setup + only what `make demo` starts: the one-node cluster's binaries and helm
+## (no kube-proxy or CoreDNS), the Kafka broker; the images fetch their own jars
+deps-demo: setup
+	bash devenv/build-kube.sh cluster
+	bash devenv/fetch-jars.sh kafka
+
 ## crds: regenerate crds/, charts/eop/crds/ and docs/api.md from the pydantic models
 crds: setup
 	.venv/bin/eop crd > crds/$(CRD)
@@ -37,7 +43,7 @@ lint: setup
 	.venv/bin/lint-imports
 
 ## demo: the main job: local cluster, Kafka, the chart, two pipelines, disruptions, verification
-demo: deps
+demo: deps-demo
 	$(PY) -m demo.run
 
 ## test: the whole suite (unit, real Kafka + Spark, real control plane); what CI runs

@@ -3,8 +3,9 @@
 #
 # Usage: devenv/build-kube.sh [COMPONENT...]
 #   COMPONENT: kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy
-#              kubectl etcd helm coredns, or the groups "kube" (the six kube binaries) and
-#              "all" (default).
+#              kubectl etcd helm coredns, or the groups "kube" (the six kube binaries),
+#              "cluster" (what the one-node local cluster and its chart need: no kube-proxy,
+#              no CoreDNS, which only the multi-node cluster runs) and "all" (default).
 #
 # Versions come only from devenv/versions.env. Binaries land in
 #   ${EOP_CACHE:-$HOME/.cache/eop}/kube/<KUBERNETES_VERSION>/bin/
@@ -36,6 +37,7 @@ helm_bin="$cache/helm/$helm_v/bin"
 coredns_bin="$cache/coredns/$coredns_v/bin"
 
 kube_components=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+cluster_components=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd helm)
 all_components=("${kube_components[@]}" etcd helm coredns)
 
 export CGO_ENABLED="${CGO_ENABLED:-0}"
@@ -46,7 +48,7 @@ now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 usage() {
-    sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 # --- argument parsing -------------------------------------------------------
@@ -56,6 +58,7 @@ for arg in "$@"; do
         -h | --help) usage; exit 0 ;;
         all) wanted+=("${all_components[@]}") ;;
         kube) wanted+=("${kube_components[@]}") ;;
+        cluster) wanted+=("${cluster_components[@]}") ;;
         kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kube-proxy | kubectl | \
             etcd | helm | coredns)
             wanted+=("$arg") ;;

@@ -571,8 +571,8 @@ class LocalCluster:
         if pid is None:
             self.cleanup_leftovers()
             ensure_packages(_APT_PACKAGES_NODES if self.pod_network else ())
-            if build:
-                build_binaries(quiet=True)
+            if build:  # the one-node cluster needs neither kube-proxy nor CoreDNS
+                build_binaries(() if self.pod_network else ("cluster",), quiet=True)
             needed = ["kube_apiserver", "kube_controller_manager", "kube_scheduler", "kubelet"]
             needed += ["kubectl", "etcd"] + (["kube_proxy"] if self.pod_network else [])
             if missing := self.binaries.missing(needed):

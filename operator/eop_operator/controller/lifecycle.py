@@ -10,7 +10,6 @@ and remembers when the next look is due, which the timer asks
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from typing import Any
 
 from eop_operator.api.load import InvalidPipeline
@@ -20,7 +19,7 @@ from eop_operator.controller.lifecycle_status import refuse
 from eop_operator.controller.step import Memory, Renderer, take_step
 from eop_operator.controller.subject import Subject
 from eop_operator.kube.observed import Observed, PipelineKey
-from eop_operator.reconcile.cadence import LOOK_SECONDS, POLL_SECONDS, VERIFY_SECONDS
+from eop_operator.reconcile.cadence import LOOK_SECONDS, POLL_SECONDS, first_verify_in
 from eop_operator.render import MissingImage
 
 #: Steps per :meth:`Lifecycle.drive` call before it yields to the next trigger.
@@ -41,10 +40,7 @@ class Lifecycle:
     def _memory(self, key: PipelineKey, clock: float) -> Memory:
         memory = self.memories.get(key)
         if memory is None:
-            # Spread the periodic apply of every child: an operator start looks at all
-            # pipelines at once, and would otherwise apply all of them again at once.
-            offset = int(hashlib.sha256(f"{key[0]}/{key[1]}".encode()).hexdigest()[:8], 16)
-            memory = self.memories[key] = Memory(verify_at=clock + offset % int(VERIFY_SECONDS))
+            memory = self.memories[key] = Memory(verify_at=clock + first_verify_in(*key))
         return memory
 
     def forget(self, key: PipelineKey) -> None:

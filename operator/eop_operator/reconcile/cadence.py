@@ -32,6 +32,7 @@ backoff of the timer).  The health monitor has its own cadence,
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 #: How often each pipeline's timer asks whether its next look is due.
@@ -65,3 +66,13 @@ WARNINGS_SECONDS = 10.0
 def next_look(*deadlines: float) -> float:
     """Seconds until the next look: the earliest deadline still ahead (inf: none)."""
     return min((d for d in deadlines if d > 0), default=math.inf)
+
+
+def first_verify_in(namespace: str, name: str) -> float:
+    """Seconds from the operator's first look at a pipeline to its first apply of every child.
+
+    Spread over ``VERIFY_SECONDS`` by the pipeline's name: an operator start looks at all
+    pipelines at once, and would otherwise apply all of their children again at once.
+    """
+    offset = int(hashlib.sha256(f"{namespace}/{name}".encode()).hexdigest()[:8], 16)
+    return float(offset % int(VERIFY_SECONDS))

@@ -1,0 +1,179 @@
+"""pytest plugin: where the suite's time goes, and a ceiling on its total.
+
+At the end of every run it prints, per tier (the folder under ``tests/`` a test lives in,
+with the ``slow`` chaos runs apart), the tests run and the seconds they took, against the
+tier's budget (:data:`BUDGET_MINUTES`, also in docs/development.md); and the fixtures that
+cost the most to set up: the real components (a broker, a control plane, a cluster), whose
+start counts against the first test that asks for them.  ``--suite-clock FILE`` also writes
+every test's setup, call and teardown seconds and every fixture's setup seconds as JSON.
+
+A run slower than ``EOP_SUITE_CEILING_MINUTES`` minutes (default :data:`CEILING_MINUTES`
+when ``CI`` is set, none otherwise) fails, after every test has run: a new slow tier is
+noticed the day it lands, long before CI's own limit stops a run half way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+#: Minutes of pytest's own time past which a CI run fails (CI stops a run at 90, set-up
+#: included).
+CEILING_MINUTES = 70.0
+
+#: Each tier's budget in minutes of a warm run on 2 cores (docs/development.md).
+BUDGET_MINUTES = {
+    "unit": 1.0,
+    "spark_apps": 9.0,
+    "spark_apps (slow)": 6.0,
+    "integration": 6.0,
+    "charts": 2.5,
+    "ecosystem": 1.0,
+    "e2e": 7.0,
+    "e2e (nodes)": 4.0,
+    "readme": 1.0,
+}
+
+_STASH_KEY = pytest.StashKey[dict[str, Any]]()
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The tier a test counts against: its folder under ``tests/``, the slow and multi-node
+    tests apart, and tests that need no real component as ``unit``."""
+    parts = Path(str(item.path)).relative_to(Path(str(item.config.rootpath)) / "tests").parts
+    folder = parts[0] if len(parts) > 1 else "readme"
+    markers = {m.name for m in item.iter_markers()}
+    real = {"kafka", "spark", "kube", "e2e", "nodes", "ecosystem", "s3"}
+    if folder in ("operator", "spark_apps", "charts", "readme") and not markers & real:
+        return "unit"
+    if "nodes" in markers:
+        return "e2e (nodes)"
+    if folder == "spark_apps" and "slow" in markers:
+        return "spark_apps (slow)"
+    return folder
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--suite-clock FILE``: write every test's and fixture's seconds to FILE as JSON."""
+    parser.addoption(
+        "--suite-clock",
+        metavar="FILE",
+        default=None,
+        help="write each test's setup/call/teardown seconds and each fixture's setup seconds",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start the clock."""
+    config.stash[_STASH_KEY] = {
+        "started": time.monotonic(),
+        "tests": {},
+        "fixtures": defaultdict(float),
+    }
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(
+    fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+) -> Generator[None, Any, Any]:
+    """Add the seconds each fixture's setup took to its total."""
+    began = time.monotonic()
+    try:
+        return (yield)
+    finally:
+        clock = request.config.stash[_STASH_KEY]
+        clock["fixtures"][f"{fixturedef.argname} ({fixturedef.scope})"] += time.monotonic() - began
+
+
+def _record(config: pytest.Config, report: pytest.TestReport, tier: str) -> None:
+    clock = config.stash[_STASH_KEY]
+    entry = clock["tests"].setdefault(report.nodeid, {"tier": tier, "outcome": "passed"})
+    entry[report.when] = report.duration
+    if report.failed:
+        entry["outcome"] = "failed"
+    elif report.skipped and report.when != "teardown":
+        entry["outcome"] = "skipped"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Record each phase of each test, with its tier."""
+    report = yield
+    _record(item.config, report, tier_of(item))
+    return report
+
+
+def _tiers(tests: dict[str, dict[str, Any]]) -> Iterator[tuple[str, int, float]]:
+    seconds: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for entry in tests.values():
+        tier = entry["tier"] or "?"
+        counts[tier] += 1
+        seconds[tier] += sum(entry.get(w, 0.0) for w in ("setup", "call", "teardown"))
+    for tier in sorted(seconds, key=seconds.__getitem__, reverse=True):
+        yield tier, counts[tier], seconds[tier]
+
+
+def ceiling_minutes() -> float | None:
+    """The ceiling in force: ``EOP_SUITE_CEILING_MINUTES``, else 70 on CI, else none."""
+    value = os.environ.get("EOP_SUITE_CEILING_MINUTES")
+    if value:
+        return float(value)
+    return CEILING_MINUTES if os.environ.get("CI") else None
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Print the tiers against their budgets, the costliest fixtures and the total."""
+    clock = config.stash[_STASH_KEY]
+    tests: dict[str, dict[str, Any]] = clock["tests"]
+    if not tests:
+        return
+    total = time.monotonic() - clock["started"]
+    write = terminalreporter.write_line
+    terminalreporter.section("suite clock")
+    write(f"{'tier':<20} {'tests':>6} {'minutes':>8} {'budget':>7}")
+    for tier, count, seconds in _tiers(tests):
+        budget = BUDGET_MINUTES.get(tier)
+        shown = f"{budget:7.1f}" if budget is not None else "      -"
+        write(f"{tier:<20} {count:>6} {seconds / 60:8.1f} {shown}")
+    fixtures = sorted(clock["fixtures"].items(), key=lambda kv: kv[1], reverse=True)
+    write(
+        "costliest fixture set-ups (seconds, all instances): "
+        + ", ".join(f"{name} {seconds:.0f}" for name, seconds in fixtures[:10] if seconds >= 1)
+    )
+    ceiling = ceiling_minutes()
+    write(
+        f"suite total {total / 60:.1f} min"
+        + (f" (ceiling {ceiling:.0f} min)" if ceiling is not None else "")
+    )
+    path = config.getoption("--suite-clock")
+    if path:
+        Path(path).write_text(
+            json.dumps({"total": total, "tests": tests, "fixtures": clock["fixtures"]}, indent=1)
+        )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail a run that took longer than the ceiling (every test has run by now)."""
+    ceiling = ceiling_minutes()
+    if ceiling is None or not session.config.stash.get(_STASH_KEY, None):
+        return
+    minutes = (time.monotonic() - session.config.stash[_STASH_KEY]["started"]) / 60
+    if minutes > ceiling and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(
+                f"FAILED: the suite took {minutes:.1f} min, past its ceiling of {ceiling:.0f} "
+                "min (EOP_SUITE_CEILING_MINUTES; budgets per tier in docs/development.md)",
+                red=True,
+            )
