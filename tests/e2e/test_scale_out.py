@@ -15,6 +15,7 @@ the events say afterwards is the operator's own account.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections import Counter
@@ -416,9 +417,15 @@ def test_a_windowed_count_on_executors_is_exact_after_an_executor_loss(
     so.broker.create_topic(sink, 2)
     records, expected = _impressions()
     producer = Producer(so.broker.client_config({"enable.idempotence": True}))
-    for key, value, partition in records:
-        producer.produce(source, key=key.encode(), value=value.encode(), partition=partition)
-    assert producer.flush(60) == 0
+
+    def produce(part: list[tuple[str, str, int]]) -> None:
+        for key, value, partition in part:
+            producer.produce(source, key=key.encode(), value=value.encode(), partition=partition)
+        assert producer.flush(60) == 0
+
+    # The last windows close only after the flush event (the last record): it is written
+    # once the driver has acted on the executor's loss, so the loss always falls mid-count.
+    produce(records[:-1])
     manifest = so.pipeline(name, source, sink)
     spec = manifest["spec"]
     spec["source"]["kafka"]["maxOffsetsPerTrigger"] = PER_BATCH
@@ -441,11 +448,19 @@ def test_a_windowed_count_on_executors_is_exact_after_an_executor_loss(
         )
         committed = committed_records(so.broker, name, so.ns, source)
         assert committed < len(records), "the count finished before an executor could be lost"
-        victim = running(executor_pods(so.e2e, so.ns, name))[0]["metadata"]["name"]
+        first = {p["metadata"]["name"] for p in running(executor_pods(so.e2e, so.ns, name))}
+        victim = sorted(first)[0]
         so.cluster.kubectl(
             "delete", "pod", victim, "-n", so.ns, "--grace-period=0", "--force", check=True
         )
         print(f"\nexecutor {victim} deleted after {committed} of {len(records)} events")
+        # The driver asks for a new executor once it has counted the old one lost.
+        _eventually(
+            lambda: {p["metadata"]["name"] for p in executor_pods(so.e2e, so.ns, name)} - first,
+            RECOVERY_TIMEOUT,
+            lambda: "the driver to replace the lost executor" + diagnostics(),
+        )
+        produce(records[-1:])
         wait_caught_up(so, name, source, RECOVERY_TIMEOUT)
 
         def windows() -> list[tuple[tuple[str, str], int]]:
@@ -476,7 +491,9 @@ def test_a_windowed_count_on_executors_is_exact_after_an_executor_loss(
         )
         # The executors wrote the windows' state into the bucket, next to the batches.
         logs = so.cluster.kubectl("logs", "-n", so.ns, f"{name}-driver-0").stdout
-        assert "Lost executor" in logs, logs[-3000:]
+        # "Lost executor 1 on ...", or "Lost an executor 1 (already removed)" when the
+        # connection dropped before Kubernetes told the driver why.
+        assert re.search(r"Lost (an )?executor", logs), logs[-3000:]
         state = so.s3.list_keys(so.bucket, f"pipelines/{so.ns}/{name}/gen-0/state/")
         assert state, so.s3.list_keys(so.bucket, f"pipelines/{so.ns}/{name}/")
         status = so.status(name)
