@@ -151,6 +151,26 @@ def ensure_packages(extra: Sequence[str] = ()) -> None:
 # ----------------------------------------------------------------------------- the cluster
 
 
+def build_images() -> dict[str, str]:
+    """``devenv/images.sh all`` (a no-op when the images are current): their refs,
+    ``{"operator": ref, "spark": ref}``. Needs no running cluster."""
+    began = time.monotonic()
+    result = subprocess.run(
+        ["bash", str(IMAGES_SCRIPT), "all"], stdout=subprocess.PIPE, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise ClusterError(f"{IMAGES_SCRIPT} all failed ({result.returncode})")
+    refs = {}
+    for line in result.stdout.split():
+        for name in ("operator", "spark"):
+            if line.startswith(f"localhost/eop-{name}:"):
+                refs[name] = line
+    if set(refs) != {"operator", "spark"}:
+        raise ClusterError(f"{IMAGES_SCRIPT} printed no image refs: {result.stdout!r}")
+    _log(f"images built in {time.monotonic() - began:.1f}s: {' '.join(refs.values())}")
+    return refs
+
+
 class LocalCluster:
     """Paths, client helpers and life cycle of the cluster in ``work_dir``.
 
@@ -708,21 +728,7 @@ class LocalCluster:
         """
         if not self.is_running():
             raise ClusterError(f"the cluster in {self.dir} is not running")
-        began = time.monotonic()
-        result = subprocess.run(
-            ["bash", str(IMAGES_SCRIPT), "all"], stdout=subprocess.PIPE, text=True, check=False
-        )
-        if result.returncode != 0:
-            raise ClusterError(f"{IMAGES_SCRIPT} all failed ({result.returncode})")
-        refs = {}
-        for line in result.stdout.split():
-            for name in ("operator", "spark"):
-                if line.startswith(f"localhost/eop-{name}:"):
-                    refs[name] = line
-        if set(refs) != {"operator", "spark"}:
-            raise ClusterError(f"{IMAGES_SCRIPT} printed no image refs: {result.stdout!r}")
-        built = time.monotonic()
-        _log(f"images built in {built - began:.1f}s: {' '.join(refs.values())}")
+        refs = build_images()
         images_dir = cache_root() / "images"
         archives = {
             ref: images_dir / f"eop-{name}-{ref.rsplit(':', 1)[1]}.tar"

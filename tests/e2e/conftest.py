@@ -2,13 +2,15 @@
 
 * ``local_cluster`` (session): the cluster in ``$EOP_CLUSTER_DIR`` (default
   ``~/.cache/eop/cluster``), started if it is not running, with the current images built and
-  imported. A cluster this session started is stopped at the end (its data stays, so the next
-  start is warm) unless ``EOP_E2E_KEEP_CLUSTER=1``; one that was already running is left
-  running. Pipelines a killed demo left are deleted first.
+  imported. A cluster this session started is stopped after its last test (its data stays, so
+  the next start is warm; ``tests/plugins/lifetimes.py``) unless ``EOP_E2E_KEEP_CLUSTER=1``;
+  one that was already running is left running. Pipelines a killed demo left are deleted
+  first.
 * ``e2e_namespace`` (function): a fresh namespace, deleted after the test.
 
-The cluster is brought up (and the images built) right after collection, when a selected test
-needs it, so that a cold build does not count against a test's timeout.
+The binaries and the images are built right after collection, when a selected test needs the
+cluster, so that a cold build does not count against a test's timeout; the cluster itself
+starts when its first test does (an idle cluster would take CPU from the tiers before it).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from dataclasses import dataclass
 import pytest
 
 from demo.run import remove_previous_run
-from devenv.cluster import LocalCluster
+from devenv.cluster import LocalCluster, build_images
+from devenv.kube import build_binaries
 
 
 @dataclass
@@ -58,11 +61,12 @@ def _bring_up() -> E2ECluster:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the cluster and build the images before the first test, if one needs them."""
+    """Build the cluster's binaries and the images before the first test, if one needs them."""
     if session.config.option.collectonly:
         return
     if any("local_cluster" in getattr(item, "fixturenames", ()) for item in session.items):
-        _bring_up()
+        build_binaries(("cluster",), quiet=True)
+        build_images()
 
 
 @pytest.fixture(scope="session")

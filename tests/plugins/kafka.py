@@ -16,9 +16,9 @@ Fixtures:
 * ``kafka_topic_factory`` (function): ``make(partitions=1, *, prefix=None, config=None) -> name``
   creates a uniquely named topic (topics are never auto-created on this broker).
 * ``kafka_topic`` (function): one fresh single-partition topic's name.
-* ``short_retention_broker`` (module): another broker that expires a member-less group's
-  committed offsets ``SHORT_RETENTION_S`` (a minute, the least Kafka accepts) after their last
-  commit, checking every 2 s.
+* ``short_retention_broker`` (session, stopped after its last user): another broker that
+  expires a member-less group's committed offsets ``SHORT_RETENTION_S`` (a minute, the least
+  Kafka accepts) after their last commit, checking every 2 s.
 * ``other_cluster_broker`` (module): a second Kafka cluster (its own cluster id) for pipelines
   whose source and sink are different clusters. Its PLAINTEXT clients are super users; its
   SASL/PLAIN listener admits one user (``sasl_plain_users``) whom ACLs can limit (the
@@ -127,7 +127,7 @@ def kafka_topic(kafka_topic_factory: TopicFactory) -> str:
     return kafka_topic_factory(1)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def short_retention_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     """A broker that expires a member-less group's offsets a minute after their last commit."""
     overrides = {

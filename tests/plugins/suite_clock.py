@@ -47,7 +47,8 @@ _STASH_KEY = pytest.StashKey[dict[str, Any]]()
 def tier_of(item: pytest.Item) -> str:
     """The tier a test counts against: its folder under ``tests/``, the slow and multi-node
     tests apart, and tests that need no real component as ``unit``."""
-    parts = Path(str(item.path)).relative_to(Path(str(item.config.rootpath)) / "tests").parts
+    path, tests = Path(str(item.path)), Path(str(item.config.rootpath)) / "tests"
+    parts = path.relative_to(tests).parts if path.is_relative_to(tests) else (path.name,)
     folder = parts[0] if len(parts) > 1 else "readme"
     markers = {m.name for m in item.iter_markers()}
     real = {"kafka", "spark", "kube", "e2e", "nodes", "ecosystem", "s3"}
