@@ -16,18 +16,30 @@ setup: .venv/.installed
 	touch $@
 
 ## deps: setup + the real components the tests start: Kubernetes binaries, Kafka, Spark jars (the
-## Kafka and S3A connectors), the ecosystem's tools (kstatus, promtool, a PromQL parser, lua5.4)
-## and SeaweedFS (the S3 server of the s3 tests)
+## Kafka and S3A connectors), the images, the ecosystem's tools (kstatus, promtool, a PromQL
+## parser, lua5.4) and SeaweedFS (the S3 server of the s3 tests). The Go builds take the cores;
+## the downloads and the images, mostly network, run beside them.
 deps: setup
-	bash devenv/build-kube.sh
-	bash devenv/fetch-jars.sh
-	bash devenv/build-tools.sh
+	$(MAKE) --no-print-directory -j3 build-go fetch-jars build-images
 
 ## deps-demo: setup + only what `make demo` starts: the one-node cluster's binaries and helm
-## (no kube-proxy or CoreDNS), the Kafka broker; the images fetch their own jars
+## (no kube-proxy or CoreDNS), the Kafka broker and the images (which fetch their own jars)
 deps-demo: setup
+	$(MAKE) --no-print-directory -j3 build-go-cluster fetch-jars-kafka build-images
+
+# The pieces of deps and deps-demo, each one script (idempotent, a no-op when cached).
+.PHONY: build-go build-go-cluster fetch-jars fetch-jars-kafka build-images
+build-go:
+	bash devenv/build-kube.sh
+	bash devenv/build-tools.sh
+build-go-cluster:
 	bash devenv/build-kube.sh cluster
-	bash devenv/fetch-jars.sh kafka
+fetch-jars:
+	bash devenv/fetch-jars.sh >/dev/null
+fetch-jars-kafka:
+	bash devenv/fetch-jars.sh kafka >/dev/null
+build-images:
+	bash devenv/images.sh all >/dev/null
 
 ## crds: regenerate crds/, charts/eop/crds/ and docs/api.md from the pydantic models
 crds: setup

@@ -116,8 +116,8 @@ ensure_lua() {
     fi
     [[ $EUID -eq 0 ]] || { log "error: needs root to apt-get install lua5.4"; exit 1; }
     log "installing lua5.4"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq lua5.4 >/dev/null
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq lua5.4 >/dev/null
     built=$((built + 1))
 }
 

@@ -144,8 +144,10 @@ def ensure_packages(extra: Sequence[str] = ()) -> None:
         raise ClusterError(f"needs root to apt-get install {' '.join(missing)}")
     _log(f"apt-get install {' '.join(missing)}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True, env=env)
+    # Another of the project's builds may be installing packages at the same moment.
+    wait = ["-o", "DPkg::Lock::Timeout=600"]
+    subprocess.run(["apt-get", *wait, "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", *wait, "install", "-y", "-qq", *missing], check=True, env=env)
 
 
 # ----------------------------------------------------------------------------- the cluster

@@ -49,8 +49,8 @@ ensure_tools() {
     [[ ${#missing[@]} -eq 0 ]] && return
     [[ $EUID -eq 0 ]] || die "needs root to apt-get install ${missing[*]}"
     log "installing ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "${missing[@]}" >/dev/null
 }
 
 image_exists() { buildah inspect --type image "$1" >/dev/null 2>&1; }
