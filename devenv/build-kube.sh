@@ -190,13 +190,9 @@ build_coredns() {
 }
 
 # --- main -------------------------------------------------------------------
-built=()
-skipped=()
-declare -A seen=()
-total_start="$(now)"
-for c in "${wanted[@]}"; do
-    [[ -z "${seen[$c]:-}" ]] || continue
-    seen[$c]=1
+# build_one COMPONENT: build it unless its binary is there.
+build_one() {
+    local c="$1" out ver start
     case "$c" in
         etcd) out="$etcd_bin/etcd"; ver="$etcd_v" ;;
         helm) out="$helm_bin/helm"; ver="$helm_v" ;;
@@ -204,8 +200,8 @@ for c in "${wanted[@]}"; do
         *) out="$kube_bin/$c"; ver="$kube_v" ;;
     esac
     if [[ -x "$out" ]]; then
-        skipped+=("$c")
-        continue
+        log "up to date: $c"
+        return 0
     fi
     log "building $c v$ver ..."
     start="$(now)"
@@ -215,15 +211,28 @@ for c in "${wanted[@]}"; do
         coredns) build_coredns ;;
         *) build_kube "$c" ;;
     esac
-    t="$(elapsed "$start")"
-    log "built $c v$ver in ${t}s -> $out"
-    built+=("$c ${t}s $out")
-done
+    log "built $c v$ver in $(elapsed "$start")s -> $out"
+}
 
-for c in "${skipped[@]}"; do log "up to date: $c"; done
-if [[ ${#built[@]} -gt 0 ]]; then
-    log "built ${#built[@]} binaries in $(elapsed "$total_start")s:"
-    for b in "${built[@]}"; do printf '%s\n' "$b"; done
-else
-    log "nothing to build (cache: $cache)"
-fi
+# etcd, helm and CoreDNS are modules of their own: each builds in the background beside the
+# Kubernetes binaries (one module, built one after the other), so that their module downloads
+# overlap the compiling that takes the cores.
+total_start="$(now)"
+declare -A seen=()
+background=()
+kube_wanted=()
+trap 'kill "${background[@]}" 2>/dev/null || true' EXIT
+for c in "${wanted[@]}"; do
+    [[ -z "${seen[$c]:-}" ]] || continue
+    seen[$c]=1
+    case "$c" in
+        etcd | helm | coredns) build_one "$c" & background+=($!) ;;
+        *) kube_wanted+=("$c") ;;
+    esac
+done
+for c in "${kube_wanted[@]}"; do build_one "$c"; done
+failed=0
+for pid in "${background[@]}"; do wait "$pid" || failed=1; done
+background=()
+[[ $failed -eq 0 ]] || { log "a build failed (see above)"; exit 1; }
+log "done in $(elapsed "$total_start")s (cache: $cache)"
