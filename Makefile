@@ -17,23 +17,24 @@ setup: .venv/.installed
 
 ## deps: setup + the real components the tests start: Kubernetes binaries, Kafka, Spark jars (the
 ## Kafka and S3A connectors), the images, the ecosystem's tools (kstatus, promtool, a PromQL
-## parser, lua5.4) and SeaweedFS (the S3 server of the s3 tests). The Go builds take the cores;
-## the downloads and the images, mostly network, run beside them.
+## parser, lua5.4) and SeaweedFS (the S3 server of the s3 tests). The four run side by side: the
+## Go builds share the cores, and the downloads (modules, jars, packages) overlap the compiling.
 deps: setup
-	$(MAKE) --no-print-directory -j3 build-go fetch-jars build-images
+	$(MAKE) --no-print-directory -j4 build-kube build-tools fetch-jars build-images
 
 ## deps-demo: setup + only what `make demo` starts: the one-node cluster's binaries and helm
 ## (no kube-proxy or CoreDNS), the Kafka broker and the images (which fetch their own jars)
 deps-demo: setup
-	$(MAKE) --no-print-directory -j3 build-go-cluster fetch-jars-kafka build-images
+	$(MAKE) --no-print-directory -j3 build-kube-cluster fetch-jars-kafka build-images
 
 # The pieces of deps and deps-demo, each one script (idempotent, a no-op when cached).
-.PHONY: build-go build-go-cluster fetch-jars fetch-jars-kafka build-images
-build-go:
+.PHONY: build-kube build-kube-cluster build-tools fetch-jars fetch-jars-kafka build-images
+build-kube:
 	bash devenv/build-kube.sh
-	bash devenv/build-tools.sh
-build-go-cluster:
+build-kube-cluster:
 	bash devenv/build-kube.sh cluster
+build-tools:
+	bash devenv/build-tools.sh
 fetch-jars:
 	bash devenv/fetch-jars.sh >/dev/null
 fetch-jars-kafka:
