@@ -19,11 +19,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from devenv.kafka import TRANSACTIONS_TOOL, KafkaBrokerError, until_coordinator_ready
 from devenv.kafka_cluster import KafkaCluster
+from tests.plugins.kafka import read_values
 
 pytestmark = pytest.mark.kafka
 
@@ -101,43 +102,8 @@ class CommitLoop:
     def assert_exactly_once(self) -> None:
         """A read_committed reader sees every committed record once, nothing else."""
         assert self.error is None, f"the producer failed: {self.error!r}"
-        assert read_committed(self.cluster, self.topic, len(self.committed)) == self.committed
-
-
-def read_committed(cluster: KafkaCluster, topic: str, count: int) -> list[bytes]:
-    """The values of ``topic``'s partition 0 up to its last stable offset (``count`` expected)."""
-    consumer = Consumer(
-        cluster.client_config(
-            {
-                "group.id": f"reader-{uuid.uuid4().hex[:8]}",
-                "isolation.level": "read_committed",
-                "auto.offset.reset": "earliest",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "log_level": 0,
-            }
-        )
-    )
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    values: list[bytes] = []
-    deadline = time.monotonic() + TIMEOUT
-    try:
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            error = msg.error()
-            if error is not None:
-                assert error.code() == KafkaError._PARTITION_EOF, error
-                if len(values) >= count:
-                    break
-                continue
-            value = msg.value()
-            assert value is not None
-            values.append(value)
-    finally:
-        consumer.close()
-    return values
+        last = self.committed[-1]
+        assert read_values(self.cluster, self.topic, "read_committed", last) == self.committed
 
 
 @pytest.fixture

@@ -38,6 +38,7 @@ mark automatically, so ``-m "not kafka"`` deselects them).
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Protocol
@@ -45,7 +46,7 @@ from typing import Protocol
 import pytest
 
 from devenv.certs import Certs, make_certs
-from devenv.kafka import CONSUMER_GROUPS_TOOL, KafkaBroker
+from devenv.kafka import CONSUMER_GROUPS_TOOL, KafkaBroker, KafkaClients
 from devenv.kafka_cluster import KafkaCluster
 from devenv.podnet import GATEWAY
 
@@ -209,3 +210,41 @@ def consumer_groups_describe(
             "lag": int(row["LAG"]),
         }
     return rows
+
+
+def read_values(
+    cluster: KafkaClients, topic: str, isolation: str, until: bytes, timeout: float = 30.0
+) -> list[bytes]:
+    """Read ``topic`` from the start with ``isolation`` until the value ``until`` shows up."""
+    from confluent_kafka import Consumer, KafkaError
+
+    consumer = Consumer(
+        cluster.client_config(
+            {
+                "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+                "isolation.level": isolation,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "log_level": 3,
+            }
+        )
+    )
+    consumer.subscribe([topic])
+    values: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while until not in values:
+            assert time.monotonic() < deadline, f"{until!r} not read in {timeout}s: {values}"
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            error = msg.error()
+            if error is not None:
+                assert error.code() == KafkaError._PARTITION_EOF, error
+                continue
+            value = msg.value()
+            assert value is not None
+            values.append(value)
+    finally:
+        consumer.close()
+    return values

@@ -45,10 +45,10 @@ def make_config(**overrides: Any) -> RunConfig:
     return RunConfig.model_validate(data)
 
 
-def secret_dir(root: Path, **props: str) -> Path:
+def secret_dir(root: Path, **props: str | bytes) -> Path:
     root.mkdir()
     for name, value in props.items():
-        (root / name).write_text(value)
+        (root / name).write_bytes(value if isinstance(value, bytes) else value.encode())
     # What a Kubernetes Secret mount also contains.
     (root / "..data").mkdir()
     (root / "..data" / "ignored").write_text("x")
@@ -289,10 +289,7 @@ def test_a_strimzi_secret_with_its_binary_pkcs12_mounts_as_tls_material(tmp_path
     certs = make_certs(tmp_path / "certs")
     data = strimzi_user_secret_data(certs)
     data["ca.p12"] = data["user.p12"]  # Strimzi's cluster CA Secret holds one too
-    root = tmp_path / "s"
-    root.mkdir()
-    for key, value in data.items():
-        (root / key).write_bytes(value)
+    root = secret_dir(tmp_path / "s", **data)
     config = make_config(
         sinkSecretDir=str(root),
         sink={
@@ -315,10 +312,8 @@ def test_a_strimzi_secret_with_its_binary_pkcs12_mounts_as_tls_material(tmp_path
 
 def test_a_binary_value_eop_needs_is_an_error_naming_key_and_secret(tmp_path: Path) -> None:
     certs = make_certs(tmp_path / "certs")
-    root = tmp_path / "s"
-    root.mkdir()
     # A key eop reads (user.key) holding binary DER instead of PEM.
-    (root / "user.key").write_bytes(strimzi_user_secret_data(certs)["user.p12"])
+    root = secret_dir(tmp_path / "s", **{"user.key": strimzi_user_secret_data(certs)["user.p12"]})
     sink = {"bootstrapServers": "h:1", "topic": "out", "secretRef": {"name": "kafka-user"}}
     config = make_config(sinkSecretDir=str(root), sink={"kafka": sink})
     with pytest.raises(ConfigError, match=r"key user\.key of Secret kafka-user .*not UTF-8"):
