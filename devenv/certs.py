@@ -11,7 +11,8 @@
 
 Keys are unencrypted PKCS#8 (``BEGIN PRIVATE KEY``), as Strimzi writes ``user.key`` and as the
 Java clients' PEM keystore (``ssl.keystore.key``) reads it.  :func:`strimzi_user_secret`
-returns a Secret's keys in Strimzi's ``KafkaUser`` shape.
+returns a Secret's keys in Strimzi's ``KafkaUser`` shape; :func:`strimzi_user_secret_data`
+the same as bytes, with the real binary PKCS#12 ``user.p12`` Strimzi writes beside them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 
 #: Days the CAs and the valid certificates last (tests make new ones per session).
 VALID_DAYS = 30
+#: ``user.password`` of :func:`strimzi_user_secret`: the password of ``user.p12``.
+STRIMZI_P12_PASSWORD = "not-read-by-eop"
 
 
 class CertificateError(RuntimeError):
@@ -119,5 +122,29 @@ def strimzi_user_secret(certs: Certs, *, ca: str = "ca", user: str = "user") -> 
         "user.crt": certs.text(f"{user}.crt"),
         "user.key": certs.text(f"{user}.key"),
         "user.p12": "not read by eop",
-        "user.password": "not-read-by-eop",
+        "user.password": STRIMZI_P12_PASSWORD,
     }
+
+
+def strimzi_user_secret_data(
+    certs: Certs, *, ca: str = "ca", user: str = "user"
+) -> dict[str, bytes]:
+    """:func:`strimzi_user_secret` as a Secret's data holds it (bytes), ``user.p12`` a real one.
+
+    ``user.p12`` is a binary PKCS#12 archive of the user's key and certificate and the CA
+    (``openssl pkcs12 -export``, password ``user.password``), as Strimzi writes it; it is
+    not UTF-8 text.  Made on first use in the certificates' directory.
+    """
+    p12 = certs.path(f"{user}-{ca}.p12")
+    if not p12.exists():
+        _openssl(
+            "pkcs12", "-export", "-in", f"{user}.crt", "-inkey", f"{user}.key",
+            "-certfile", f"{ca}.crt", "-name", user, "-out", p12.name,
+            "-passout", f"pass:{STRIMZI_P12_PASSWORD}",
+            cwd=certs.directory,
+        )  # fmt: skip
+    data = {
+        key: value.encode() for key, value in strimzi_user_secret(certs, ca=ca, user=user).items()
+    }
+    data["user.p12"] = p12.read_bytes()
+    return data

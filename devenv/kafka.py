@@ -12,7 +12,8 @@ Usage::
         producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
 
 For a shell: ``python -m devenv.kafka up --dir /tmp/kafka`` prints the bootstrap servers and
-runs until SIGINT/SIGTERM (``--tls``: TLS and mutual TLS listeners too, see devenv/certs.py).
+runs until SIGINT/SIGTERM (``--tls``: TLS and mutual TLS listeners too, see devenv/certs.py;
+``--brokers 3``: a replicated cluster, see devenv/kafka_cluster.py).
 """
 
 from __future__ import annotations
@@ -118,12 +119,79 @@ def spark_kafka_jars() -> list[Path]:
     return jars
 
 
-def _random_cluster_id() -> str:
+def random_cluster_id() -> str:
     """A Kafka ``Uuid`` as its tools print it: 16 random bytes, URL-safe base64, unpadded."""
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
-class KafkaBroker(Service):
+class KafkaClients:
+    """What tests do with a Kafka cluster's admin client: create and delete topics.
+
+    Subclasses say how to reach the cluster (:meth:`client_config`).
+    """
+
+    def client_config(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A confluent_kafka config dict for the cluster (``bootstrap.servers``) + ``overrides``."""
+        raise NotImplementedError
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        *,
+        config: Mapping[str, str] | None = None,
+        exist_ok: bool = False,
+        timeout: float = 30.0,
+    ) -> None:
+        """Create a topic (the brokers' ``default.replication.factor``) and wait until all its
+        partitions have leaders.
+
+        Raises :class:`KafkaBrokerError` if it exists already, unless ``exist_ok``.
+        """
+        from confluent_kafka import KafkaError as ClientError
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+        from confluent_kafka.cimpl import NewTopic
+
+        admin = AdminClient(self.client_config({"log_level": 3}))
+        futures = admin.create_topics(
+            [NewTopic(name, partitions, -1, config=dict(config or {}))],
+            operation_timeout=timeout,
+            request_timeout=timeout,
+        )
+        tolerated = ClientError.TOPIC_ALREADY_EXISTS if exist_ok else None
+        _await_admin(futures[name], f"creating topic {name!r}", timeout, tolerated)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                meta = admin.list_topics(name, timeout=max(1.0, deadline - time.monotonic()))
+            except KafkaException as exc:
+                raise KafkaBrokerError(f"describing topic {name!r} failed: {exc}") from exc
+            topic = meta.topics.get(name)
+            if (
+                topic is not None
+                and topic.error is None
+                and len(topic.partitions) >= partitions
+                and all(p.leader >= 0 for p in topic.partitions.values())
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise KafkaBrokerError(f"topic {name!r} has no leaders after {timeout}s")
+            time.sleep(0.1)
+
+    def delete_topic(self, name: str, *, timeout: float = 30.0) -> None:
+        """Delete a topic; the brokers remove its log segments in the background.
+
+        Raises :class:`KafkaBrokerError` if the topic does not exist or the deletion fails.
+        """
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient(self.client_config({"log_level": 3}))
+        futures = admin.delete_topics([name], operation_timeout=timeout, request_timeout=timeout)
+        _await_admin(futures[name], f"deleting topic {name!r}", timeout)
+
+
+class KafkaBroker(KafkaClients, Service):
     """One Kafka broker in KRaft combined mode, in ``work_dir``, on free 127.0.0.1 ports.
 
     The ports are picked at the first :meth:`start` and kept: after :meth:`stop`, a new
@@ -178,6 +246,7 @@ class KafkaBroker(Service):
         self._libs: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._ready_topic_created = False
+        self._ready_by = 0.0
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -266,8 +335,7 @@ class KafkaBroker(Service):
         port, cport = self.port, self._controller_port
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.bootstrap.servers": f"127.0.0.1:{cport}",
+            **self._quorum_properties(),
             "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
             "controller.listener.names": "CONTROLLER",
@@ -275,15 +343,9 @@ class KafkaBroker(Service):
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "log.dirs": str(self.data_dir),
             # Single node: every internal topic with one replica, so transactions work.
-            "offsets.topic.replication.factor": "1",
+            **replication_properties(1),
             "offsets.topic.num.partitions": "4",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
             "transaction.state.log.num.partitions": "4",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
-            "default.replication.factor": "1",
-            "min.insync.replicas": "1",
             # Small and explicit for tests.
             "num.partitions": "1",
             "auto.create.topics.enable": "false",
@@ -301,6 +363,18 @@ class KafkaBroker(Service):
             props.update(self._cluster_properties(props))
         props.update(self.overrides)
         return props
+
+    def _quorum_properties(self) -> dict[str, str]:
+        """Who this node is and how it finds the KRaft quorum: node 1, its own one-voter quorum."""
+        return {
+            "node.id": "1",
+            "controller.quorum.bootstrap.servers": f"127.0.0.1:{self._controller_port}",
+        }
+
+    def _format_args(self) -> list[str]:
+        """``kafka-storage format``'s arguments after ``--config``: a new one-voter cluster."""
+        # One argument: a random id may start with "-", which would read as an option.
+        return [f"--cluster-id={random_cluster_id()}", "--standalone"]
 
     def _sasl_properties(self) -> dict[str, str]:
         """The SASL_PLAINTEXT listener: PLAIN, with ``sasl_plain_users``' credentials."""
@@ -397,9 +471,7 @@ class KafkaBroker(Service):
             "format",
             "--config",
             str(props),
-            # One argument: a random id may start with "-", which would read as an option.
-            f"--cluster-id={_random_cluster_id()}",
-            "--standalone",
+            *self._format_args(),
         )
         for attempt in (1, 2):
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
@@ -503,19 +575,31 @@ class KafkaBroker(Service):
             )
 
     def _start_once(self) -> None:
+        self._launch(self._prepare())
+        self._await_ready()
+
+    def _prepare(self) -> Path:
+        """Write the configuration, format (first time), fence a crashed incarnation."""
         _ = self.libs  # fetch before the clock starts
         props = self._write_configs()
         self._format(props)
-        started = time.monotonic()
         # Kafka leaves .kafka_cleanshutdown after a controlled shutdown and removes it on start.
         if self._unclean_marker.exists() and not (self.data_dir / ".kafka_cleanshutdown").exists():
-            self._fence_stale_registration(props, started + self.start_timeout)
+            self._fence_stale_registration(props, time.monotonic() + self.start_timeout)
+        return props
+
+    def _launch(self, props: Path) -> None:
+        """Start the JVM (from the thread it should die with); :meth:`_await_ready` waits."""
         self._unclean_marker.write_text("")
         self._proc = self._spawn(
             props, self.log_path, f"starting broker on {self.bootstrap_servers}"
         )
+        self._ready_by = time.monotonic() + self.start_timeout
+
+    def _await_ready(self) -> None:
+        """Wait until the launched broker works; kill it and raise with its log tail if not."""
         try:
-            self._wait_ready(started + self.start_timeout)
+            self._wait_ready(self._ready_by)
         except BaseException as exc:
             self._kill()
             if isinstance(exc, KafkaBrokerError):
@@ -659,61 +743,6 @@ class KafkaBroker(Service):
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def create_topic(
-        self,
-        name: str,
-        partitions: int = 1,
-        *,
-        config: Mapping[str, str] | None = None,
-        exist_ok: bool = False,
-        timeout: float = 30.0,
-    ) -> None:
-        """Create a topic (replication factor 1) and wait until all its partitions have leaders.
-
-        Raises :class:`KafkaBrokerError` if it exists already, unless ``exist_ok``.
-        """
-        from confluent_kafka import KafkaError as ClientError
-        from confluent_kafka import KafkaException
-        from confluent_kafka.admin import AdminClient
-        from confluent_kafka.cimpl import NewTopic
-
-        admin = AdminClient(self.client_config({"log_level": 3}))
-        futures = admin.create_topics(
-            [NewTopic(name, partitions, 1, config=dict(config or {}))],
-            operation_timeout=timeout,
-            request_timeout=timeout,
-        )
-        tolerated = ClientError.TOPIC_ALREADY_EXISTS if exist_ok else None
-        _await_admin(futures[name], f"creating topic {name!r}", timeout, tolerated)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                meta = admin.list_topics(name, timeout=max(1.0, deadline - time.monotonic()))
-            except KafkaException as exc:
-                raise KafkaBrokerError(f"describing topic {name!r} failed: {exc}") from exc
-            topic = meta.topics.get(name)
-            if (
-                topic is not None
-                and topic.error is None
-                and len(topic.partitions) >= partitions
-                and all(p.leader >= 0 for p in topic.partitions.values())
-            ):
-                return
-            if time.monotonic() > deadline:
-                raise KafkaBrokerError(f"topic {name!r} has no leaders after {timeout}s")
-            time.sleep(0.1)
-
-    def delete_topic(self, name: str, *, timeout: float = 30.0) -> None:
-        """Delete a topic; the broker removes its log segments in the background.
-
-        Raises :class:`KafkaBrokerError` if the topic does not exist or the deletion fails.
-        """
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient(self.client_config({"log_level": 3}))
-        futures = admin.delete_topics([name], operation_timeout=timeout, request_timeout=timeout)
-        _await_admin(futures[name], f"deleting topic {name!r}", timeout)
-
     def run_tool(
         self,
         main_class: str,
@@ -745,6 +774,24 @@ class KafkaBroker(Service):
 
 
 T = TypeVar("T")
+
+
+def replication_properties(replicas: int) -> dict[str, str]:
+    """Brokers' settings for ``replicas`` copies of every partition, internal ones included.
+
+    One broker may be lost without losing a write: ``min.insync.replicas`` is one less than
+    the replicas (at least 1), so an acknowledged write is on two brokers once there are 3.
+    """
+    rf, isr = str(replicas), str(max(1, replicas - 1))
+    return {
+        "default.replication.factor": rf,
+        "min.insync.replicas": isr,
+        "offsets.topic.replication.factor": rf,
+        "transaction.state.log.replication.factor": rf,
+        "transaction.state.log.min.isr": isr,
+        "share.coordinator.state.topic.replication.factor": rf,
+        "share.coordinator.state.topic.min.isr": isr,
+    }
 
 
 def until_coordinator_ready(call: Callable[[], T], timeout: float = 60) -> T:
@@ -797,6 +844,12 @@ def _up(argv: Sequence[str]) -> int:
     up.add_argument("--dir", required=True, type=Path, help="work dir (config, data, log)")
     up.add_argument("--heap", default="1g", help="broker JVM max heap (default 1g)")
     up.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="nodes of a replicated cluster (3: replication factor 3, min.insync.replicas 2)",
+    )
+    up.add_argument(
         "--tls",
         action="store_true",
         help="also listen with TLS and mutual TLS (certificates made in DIR/certs)",
@@ -818,6 +871,10 @@ def _up(argv: Sequence[str]) -> int:
             print(jar)
         return 0
 
+    if args.brokers > 1:
+        if args.tls or args.port is not None:
+            parser.error("--tls and --port are for one broker only")
+        return _serve_cluster(args)
     stop = stop_on_signals()
     started = time.monotonic()
     certs = make_certs(args.dir / "certs").directory if args.tls else None
@@ -831,10 +888,9 @@ def _up(argv: Sequence[str]) -> int:
             if certs is not None
             else ""
         )
-        topics = "".join(f"topic {name}: {count} partitions\n" for name, count in args.topics)
         print(
             f"Kafka {versions()['KAFKA_VERSION']} up in {time.monotonic() - started:.1f}s\n"
-            f"bootstrap servers: {broker.bootstrap_servers}\n{tls}{topics}"
+            f"bootstrap servers: {broker.bootstrap_servers}\n{tls}{_topics_line(args.topics)}"
             f"log: {broker.log_path}\n"
             "Ctrl-C to stop.",
             flush=True,
@@ -844,6 +900,36 @@ def _up(argv: Sequence[str]) -> int:
             return 1
     finally:
         broker.stop()
+    return 0
+
+
+def _topics_line(topics: Sequence[tuple[str, int]]) -> str:
+    return "".join(f"topic {name}: {count} partitions\n" for name, count in topics)
+
+
+def _serve_cluster(args: argparse.Namespace) -> int:
+    """``up --brokers N``: a replicated cluster until SIGINT/SIGTERM, or until a node exits."""
+    from devenv.kafka_cluster import KafkaCluster  # it builds on this module
+
+    stop = stop_on_signals()
+    started = time.monotonic()
+    cluster = KafkaCluster(args.dir, brokers=args.brokers, heap=args.heap).start()
+    try:
+        for name, partitions in args.topics:
+            cluster.create_topic(name, partitions, exist_ok=True)
+        logs = "".join(f"node {n.node_id} log: {n.log_path}\n" for n in cluster.nodes)
+        print(
+            f"Kafka {versions()['KAFKA_VERSION']}, {args.brokers} nodes, up in "
+            f"{time.monotonic() - started:.1f}s\n"
+            f"bootstrap servers: {cluster.bootstrap_servers}\n{_topics_line(args.topics)}{logs}"
+            "Ctrl-C to stop.",
+            flush=True,
+        )
+        if not serve_until_stopped(stop, lambda: len(cluster.running) == args.brokers):
+            print(f"a node exited; see the logs in {cluster.work_dir}", file=sys.stderr)
+            return 1
+    finally:
+        cluster.stop()
     return 0
 
 

@@ -7,7 +7,6 @@ its progress) makes the offsets visible to AdminClient and to the kafka-consumer
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ from confluent_kafka.admin import AdminClient
 
 from devenv.kafka import CONSUMER_GROUPS_TOOL, KafkaBroker, KafkaBrokerError
 from devenv.podnet import GATEWAY
-from tests.plugins.kafka import TopicFactory
+from tests.plugins.kafka import TopicFactory, read_values
 
 pytestmark = pytest.mark.kafka
 
@@ -40,40 +39,6 @@ def _transactional_producer(broker: KafkaBroker) -> Producer:
     producer = _producer(broker, **{"transactional.id": f"test-{uuid.uuid4().hex[:8]}"})
     producer.init_transactions(TIMEOUT)
     return producer
-
-
-def _read_all(broker: KafkaBroker, topic: str, isolation: str, until: bytes) -> list[bytes]:
-    """Read ``topic`` from the start with ``isolation`` until the value ``until`` shows up."""
-    consumer = Consumer(
-        broker.client_config(
-            {
-                "group.id": f"reader-{uuid.uuid4().hex[:8]}",
-                "isolation.level": isolation,
-                "auto.offset.reset": "earliest",
-                "enable.auto.commit": False,
-                "log_level": 3,
-            }
-        )
-    )
-    consumer.subscribe([topic])
-    values: list[bytes] = []
-    deadline = time.monotonic() + TIMEOUT
-    try:
-        while until not in values:
-            assert time.monotonic() < deadline, f"{until!r} not read in {TIMEOUT}s: {values}"
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            error = msg.error()
-            if error is not None:
-                assert error.code() == KafkaError._PARTITION_EOF, error
-                continue
-            value = msg.value()
-            assert value is not None
-            values.append(value)
-    finally:
-        consumer.close()
-    return values
 
 
 def test_committed_transaction_visible_aborted_not(
@@ -98,10 +63,10 @@ def test_committed_transaction_visible_aborted_not(
     finally:
         producer.close()
 
-    committed = _read_all(kafka_broker, kafka_topic, "read_committed", until=b"last")
+    committed = read_values(kafka_broker, kafka_topic, "read_committed", until=b"last")
     assert committed == [b"committed-0", b"committed-1", b"committed-2", b"last"]
     # The aborted records are in the log all the same: read_committed is what hides them.
-    uncommitted = _read_all(kafka_broker, kafka_topic, "read_uncommitted", until=b"last")
+    uncommitted = read_values(kafka_broker, kafka_topic, "read_uncommitted", until=b"last")
     assert [v for v in uncommitted if v.startswith(b"aborted-")] == [
         b"aborted-0",
         b"aborted-1",
@@ -243,7 +208,7 @@ def test_crash_restart_keeps_port_and_committed_data(tmp_path: Path) -> None:
         assert not broker.running
         broker.start()
         assert broker.bootstrap_servers == bootstrap
-        assert _read_all(broker, "kept", "read_committed", until=b"before-crash") == [
+        assert read_values(broker, "kept", "read_committed", until=b"before-crash") == [
             b"before-crash"
         ]
     assert not broker.running

@@ -6,12 +6,15 @@ lease rules, the operator's metrics, and when the operator keeps a progress grou
 from __future__ import annotations
 
 import asyncio
+import base64
 import socket
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from devenv.certs import make_certs, strimzi_user_secret_data
 from eop_operator import metrics
 from eop_operator.api.load import load_pipeline
 from eop_operator.api.status_patch import merge_patch
@@ -19,6 +22,7 @@ from eop_operator.health.keep_alive import driver_runs
 from eop_operator.health.progress import (
     KafkaAccess,
     ProgressUnavailable,
+    kafka_access,
     source_partitions,
     start_positions,
 )
@@ -245,6 +249,59 @@ def test_health_defaults_in_the_api() -> None:
     )
     assert pipeline.spec.health.check_interval == "30s"
     assert pipeline.spec.health.stall_timeout == "5m"
+
+
+# --- Secrets read through the API ----------------------------------------------------------------
+
+
+class SecretsApi:
+    """What ``kafka_access`` asks of the API: ``get`` of one Secret, its data base64."""
+
+    def __init__(self, name: str, data: dict[str, bytes]) -> None:
+        self.secret = {
+            "metadata": {"name": name},
+            "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
+        }
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:
+        assert (api_version, kind, name) == ("v1", "Secret", self.secret["metadata"]["name"])
+        return self.secret
+
+
+def tls_pipeline(secret: str) -> Any:
+    kafka = {"bootstrapServers": "k:9093", "secretRef": {"name": secret}}
+    return load_pipeline(
+        {
+            "apiVersion": "exactlyonce.io/v1alpha1",
+            "kind": "ExactlyOncePipeline",
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {
+                "source": {"kafka": {**kafka, "topics": ["in"]}},
+                "transform": {"sql": "SELECT key, value FROM source"},
+                "sink": {"kafka": {**kafka, "topic": "out"}},
+            },
+        }
+    )
+
+
+def test_a_strimzi_user_secret_with_binary_pkcs12_gives_the_health_check_its_tls(
+    tmp_path: Path,
+) -> None:
+    certs = make_certs(tmp_path)
+    api = SecretsApi("kafka-user", strimzi_user_secret_data(certs))
+    access = asyncio.run(kafka_access(api, tls_pipeline("kafka-user")))  # type: ignore[arg-type]
+    for config in (access.source, access.sink):
+        assert config["ssl.key.pem"] == certs.text("user.key").removesuffix("\n")
+        assert config["ssl.ca.pem"] == certs.text("ca.crt").removesuffix("\n")
+        assert "user.p12" not in config
+
+
+def test_a_binary_value_the_health_check_needs_is_a_status_message(tmp_path: Path) -> None:
+    data = strimzi_user_secret_data(make_certs(tmp_path))
+    data["user.key"] = data["user.p12"]  # DER where PEM belongs
+    api = SecretsApi("kafka-user", data)
+    with pytest.raises(ProgressUnavailable, match=r"key user\.key of Secret kafka-user .*UTF-8"):
+        asyncio.run(kafka_access(api, tls_pipeline("kafka-user")))  # type: ignore[arg-type]
 
 
 # --- leader lease ---------------------------------------------------------------------------------

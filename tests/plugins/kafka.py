@@ -19,19 +19,26 @@ Fixtures:
 * ``short_retention_broker`` (session, stopped after its last user): another broker that
   expires a member-less group's committed offsets ``SHORT_RETENTION_S`` (a minute, the least
   Kafka accepts) after their last commit, checking every 2 s.
+* ``kafka_cluster`` (session): a replicated cluster as production runs it
+  (:class:`devenv.kafka_cluster.KafkaCluster`): 3 nodes, each broker and KRaft controller,
+  replication factor 3 and ``min.insync.replicas`` 2 for every topic, internal ones included.
+  Its ``offsets.retention.minutes`` differ by node (:data:`CLUSTER_RETENTION_MINUTES`).
+* ``kafka_cluster_chaos`` (function): ``kafka_cluster`` for a test that kills, stops or rolls
+  its nodes: afterwards every node runs again and every partition is fully replicated.
 * ``other_cluster_broker`` (module): a second Kafka cluster (its own cluster id) for pipelines
   whose source and sink are different clusters. Its PLAINTEXT clients are super users; its
   SASL/PLAIN listener admits one user (``sasl_plain_users``) whom ACLs can limit (the
   ``StandardAuthorizer``, everything allowed where no ACL says otherwise).
 
 Nothing is fetched or started unless a test requests one of them. Tests using them should be
-marked ``@pytest.mark.kafka`` (tests that request ``kafka_broker`` get the mark automatically,
-so ``-m "not kafka"`` deselects them).
+marked ``@pytest.mark.kafka`` (tests that request ``kafka_broker`` or ``kafka_cluster`` get the
+mark automatically, so ``-m "not kafka"`` deselects them).
 """
 
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Protocol
@@ -39,7 +46,8 @@ from typing import Protocol
 import pytest
 
 from devenv.certs import Certs, make_certs
-from devenv.kafka import CONSUMER_GROUPS_TOOL, KafkaBroker
+from devenv.kafka import CONSUMER_GROUPS_TOOL, KafkaBroker, KafkaClients
+from devenv.kafka_cluster import KafkaCluster
 from devenv.podnet import GATEWAY
 
 
@@ -59,12 +67,15 @@ class TopicFactory(Protocol):
 
 #: ``short_retention_broker``'s ``offsets.retention.minutes``, in seconds.
 SHORT_RETENTION_S = 60
+#: ``kafka_cluster``'s ``offsets.retention.minutes`` by node: not Kafka's default (7 days),
+#: and one node's smaller than the others' (the one a keep-alive must go by).
+CLUSTER_RETENTION_MINUTES = {1: 2880, 2: 1440, 3: 2880}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test that uses the broker ``kafka``."""
     for item in items:
-        if "kafka_broker" in getattr(item, "fixturenames", ()):
+        if {"kafka_broker", "kafka_cluster"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.kafka)
 
 
@@ -99,6 +110,31 @@ def kafka_broker(
         cluster_address=GATEWAY,
     ) as broker:
         yield broker
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """A running 3-node replicated cluster shared by the session (logs: ``node-<id>/broker.log``).
+
+    Its nodes start in parallel (~15 s on 2 cores). Tests that kill, stop or roll nodes take
+    ``kafka_cluster_chaos`` instead, which leaves the cluster whole for the next test.
+    """
+    node_overrides = {
+        node: {"offsets.retention.minutes": str(minutes)}
+        for node, minutes in CLUSTER_RETENTION_MINUTES.items()
+    }
+    with KafkaCluster(
+        tmp_path_factory.mktemp("kafka-cluster"), node_overrides=node_overrides
+    ) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def kafka_cluster_chaos(kafka_cluster: KafkaCluster) -> Iterator[KafkaCluster]:
+    """``kafka_cluster``, whole again after the test: every node runs, every ISR is full."""
+    yield kafka_cluster
+    kafka_cluster.start()
+    kafka_cluster.wait_fully_replicated()
 
 
 @pytest.fixture
@@ -174,3 +210,41 @@ def consumer_groups_describe(
             "lag": int(row["LAG"]),
         }
     return rows
+
+
+def read_values(
+    cluster: KafkaClients, topic: str, isolation: str, until: bytes, timeout: float = 30.0
+) -> list[bytes]:
+    """Read ``topic`` from the start with ``isolation`` until the value ``until`` shows up."""
+    from confluent_kafka import Consumer, KafkaError
+
+    consumer = Consumer(
+        cluster.client_config(
+            {
+                "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+                "isolation.level": isolation,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "log_level": 3,
+            }
+        )
+    )
+    consumer.subscribe([topic])
+    values: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while until not in values:
+            assert time.monotonic() < deadline, f"{until!r} not read in {timeout}s: {values}"
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            error = msg.error()
+            if error is not None:
+                assert error.code() == KafkaError._PARTITION_EOF, error
+                continue
+            value = msg.value()
+            assert value is not None
+            values.append(value)
+    finally:
+        consumer.close()
+    return values

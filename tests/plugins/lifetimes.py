@@ -24,6 +24,7 @@ COMPONENTS = (
     "control_plane",
     "short_retention_broker",
     "other_cluster_broker",
+    "kafka_cluster",
     "s3_server",
     "local_cluster",
     "_nodes_cluster_session",
@@ -41,7 +42,8 @@ def stage_of(item: pytest.Item) -> int:
         return 5
     if "local_cluster" in fixtures or "e2e" in markers:
         return 4
-    kafka = {"kafka_broker", "short_retention_broker", "other_cluster_broker"} & fixtures
+    brokers = {"kafka_broker", "short_retention_broker", "other_cluster_broker", "kafka_cluster"}
+    kafka = brokers & fixtures
     if "control_plane" in fixtures or "kube" in markers:
         return 2 if kafka else 1
     if kafka or {"spark_jars", "s3_server"} & fixtures or {"kafka", "spark", "s3"} & markers:

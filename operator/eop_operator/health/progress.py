@@ -25,6 +25,7 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.health.stall import PartitionOffsets, Reading
@@ -33,6 +34,7 @@ from eop_spark.contract.errors import EopError
 from eop_spark.contract.kafka_access import (
     ProgressGroup,
     cluster_id,
+    secret_text,
     sink_librdkafka_config,
     source_librdkafka_config,
 )
@@ -76,10 +78,13 @@ async def read_secret(client: KubeClient, namespace: str, name: str) -> dict[str
     if secret is None:
         raise ProgressUnavailable(f"Secret {name} does not exist")
     data: Mapping[str, str] = secret.get("data") or {}
-    props = {key: base64.b64decode(value).decode() for key, value in data.items()}
-    # Files mounted from `kubectl create secret --from-file` keep one trailing newline; the
-    # driver drops it (client_config.read_secret_dir), so does the operator.
-    return {k: v[:-1] if v.endswith("\n") else v for k, v in props.items()}
+    try:
+        # The same rules as the driver's mounted Secret (unused binary keys skipped).
+        return secret_text(
+            f"Secret {name}", {key: partial(base64.b64decode, value) for key, value in data.items()}
+        )
+    except EopError as exc:
+        raise ProgressUnavailable(exc.message) from None
 
 
 async def kafka_access(client: KubeClient, pipeline: ExactlyOncePipeline) -> KafkaAccess:

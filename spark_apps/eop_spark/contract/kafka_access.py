@@ -22,7 +22,11 @@ from eop_spark.exactly_once.keep_alive import (
 )
 from eop_spark.exactly_once.progress_group import ProgressGroup, commit_offsets
 from eop_spark.exactly_once.sink_settings import SinkSettings
-from eop_spark.kafka.client_config import sink_librdkafka_config, source_librdkafka_config
+from eop_spark.kafka.client_config import (
+    secret_text,
+    sink_librdkafka_config,
+    source_librdkafka_config,
+)
 from eop_spark.kafka.preflight import cluster_id
 
 __all__ = [
@@ -33,6 +37,7 @@ __all__ = [
     "offsets_retention_ms",
     "refresh_interval_s",
     "refresh_with_driver_id",
+    "secret_text",
     "sink_librdkafka_config",
     "source_librdkafka_config",
 ]

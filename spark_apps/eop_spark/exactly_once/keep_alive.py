@@ -57,9 +57,11 @@ def offsets_retention_ms(
 ) -> int | None:
     """The smallest ``offsets.retention.minutes`` of the cluster's brokers, in ms (None: unknown).
 
-    Asked with DescribeConfigs on each broker resource: the group coordinator
-    of ``G`` may be any broker.  None when the broker refuses (no
-    DescribeConfigs permission on the cluster) or does not answer in time.
+    Asked with DescribeConfigs on each broker resource, one request per broker
+    (librdkafka takes one broker resource per call): the group coordinator of
+    ``G`` may be any broker, and it moves when a broker stops.  None when a
+    broker refuses (no DescribeConfigs permission on the cluster) or does not
+    answer in time.
     """
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
@@ -68,15 +70,15 @@ def offsets_retention_ms(
 
     admin = AdminClient({**client_config, "log_level": 0})
     try:
-        brokers = list(admin.list_topics(timeout=timeout).brokers)
-        resources = [ConfigResource(ResourceType.BROKER, str(b)) for b in brokers]
         minutes = []
-        for future in admin.describe_configs(resources).values():
-            entry = future.result(timeout=timeout).get(RETENTION_SETTING)
-            if entry is not None and entry.value is not None:
-                minutes.append(int(entry.value))
+        for broker in sorted(admin.list_topics(timeout=timeout).brokers):
+            resource = ConfigResource(ResourceType.BROKER, str(broker))
+            for future in admin.describe_configs([resource], request_timeout=timeout).values():
+                entry = future.result(timeout=timeout).get(RETENTION_SETTING)
+                if entry is not None and entry.value is not None:
+                    minutes.append(int(entry.value))
     except (KafkaException, ValueError, TimeoutError) as exc:
-        log.warning("cannot read the broker's %s: %s", RETENTION_SETTING, exc)
+        log.warning("cannot read the brokers' %s: %s", RETENTION_SETTING, exc)
         return None
     return min(minutes) * 60_000 if minutes else None
 

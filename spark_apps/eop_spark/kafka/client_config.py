@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from eop_spark.contract.errors import ConfigError
@@ -35,25 +35,59 @@ _JAVA_ONLY_PREFIXES = ("ssl.truststore.", "ssl.keystore.", "sasl.jaas.config", "
 _UNKNOWN_PROPERTY = re.compile(r'No such configuration property: "([^"]+)"')
 
 
-def read_secret_dir(directory: str | None) -> dict[str, str]:
+def read_secret_dir(directory: str | None, secret: str | None = None) -> dict[str, str]:
     """Read a mounted Secret: each regular file is a property, its content the value.
 
     Kubernetes' bookkeeping entries (``..data`` and other dot names) are skipped;
-    one trailing newline (as ``kubectl create secret --from-file`` keeps it) is
-    dropped.
+    the rest is decoded as :func:`secret_text` does (``secret``: the Secret's
+    name, for its errors).
     """
     if directory is None:
         return {}
     root = Path(directory)
     if not root.is_dir():
         raise ConfigError(f"secret directory {directory} does not exist")
+    files = {
+        entry.name: entry
+        for entry in sorted(root.iterdir())
+        if not entry.name.startswith(".") and entry.is_file()
+    }
+    name = f"Secret {secret} (mounted at {directory})" if secret else f"Secret {directory}"
+    return secret_text(name, {key: path.read_bytes for key, path in files.items()})
+
+
+def secret_text(secret: str, data: Mapping[str, Callable[[], bytes]]) -> dict[str, str]:
+    """A Secret's keys as text properties, each value read by its callable.
+
+    The keys eop never uses (:data:`STRIMZI_UNUSED_KEYS`, e.g. Strimzi's binary
+    PKCS#12 ``user.p12``) are left out unread; every other value must be UTF-8,
+    else :class:`ConfigError` names the key and ``secret`` (a description such
+    as ``"Secret kafka-user"``).  One trailing newline (as ``kubectl create secret
+    --from-file`` keeps it) is dropped.
+    """
     props: dict[str, str] = {}
-    for entry in sorted(root.iterdir()):
-        if entry.name.startswith(".") or not entry.is_file():
+    for key, read in data.items():
+        if key in STRIMZI_UNUSED_KEYS:
             continue
-        value = entry.read_text()
-        props[entry.name] = value[:-1] if value.endswith("\n") else value
+        try:
+            value = read().decode()
+        except UnicodeDecodeError:
+            raise ConfigError(
+                f"key {key} of {secret} is not UTF-8 text: eop reads each key of a Kafka Secret "
+                "as a client property (PEM for TLS material)"
+            ) from None
+        props[key] = value[:-1] if value.endswith("\n") else value
     return props
+
+
+def _source_secret(config: RunConfig) -> dict[str, str]:
+    ref = config.source.kafka.secret_ref
+    return read_secret_dir(config.source_secret_dir, ref.name if ref else None)
+
+
+def _sink_secret(config: RunConfig) -> dict[str, str]:
+    ref = config.sink.kafka.secret_ref
+    return read_secret_dir(config.sink_secret_dir, ref.name if ref else None)
 
 
 #: Records per poll of Spark's Kafka reader: more than a 1 MB fetch holds (down to ~10 B each).
@@ -97,7 +131,7 @@ def spark_source_options(config: RunConfig) -> dict[str, str]:
         options["subscribePattern"] = kafka.subscribed_pattern
     if kafka.max_offsets_per_trigger is not None:
         options["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)
-    secret = secret_client_properties(read_secret_dir(config.source_secret_dir))
+    secret = secret_client_properties(_source_secret(config))
     for key, value in java_client_properties({**kafka.options, **secret}).items():
         options[f"kafka.{key}"] = value
     return options
@@ -105,7 +139,7 @@ def spark_source_options(config: RunConfig) -> dict[str, str]:
 
 def source_client_config(config: RunConfig) -> dict[str, str]:
     """librdkafka settings for the source cluster (topic metadata), Java-only keys dropped."""
-    return source_librdkafka_config(config.source.kafka, read_secret_dir(config.source_secret_dir))
+    return source_librdkafka_config(config.source.kafka, _source_secret(config))
 
 
 def source_librdkafka_config(kafka: KafkaSource, secret: Mapping[str, str]) -> dict[str, str]:
@@ -137,7 +171,7 @@ def sink_librdkafka_config(kafka: KafkaSink, secret: Mapping[str, str]) -> dict[
 def sink_java_config(config: RunConfig) -> dict[str, str]:
     """Every sink client property, for the Java producer (see ``jvm_writer.java_settings``)."""
     kafka = config.sink.kafka
-    return _sink_properties(kafka, read_secret_dir(config.sink_secret_dir))
+    return _sink_properties(kafka, _sink_secret(config))
 
 
 def _sink_properties(kafka: KafkaSink, secret: Mapping[str, str]) -> dict[str, str]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from devenv.certs import VALID_DAYS, make_certs
+from devenv.certs import VALID_DAYS, make_certs, strimzi_user_secret_data
 from eop_spark.contract.errors import ConfigError
 from eop_spark.contract.run_config import RunConfig
 from eop_spark.exactly_once.progress_group import consumer_config
@@ -45,10 +45,10 @@ def make_config(**overrides: Any) -> RunConfig:
     return RunConfig.model_validate(data)
 
 
-def secret_dir(root: Path, **props: str) -> Path:
+def secret_dir(root: Path, **props: str | bytes) -> Path:
     root.mkdir()
     for name, value in props.items():
-        (root / name).write_text(value)
+        (root / name).write_bytes(value if isinstance(value, bytes) else value.encode())
     # What a Kubernetes Secret mount also contains.
     (root / "..data").mkdir()
     (root / "..data" / "ignored").write_text("x")
@@ -283,6 +283,41 @@ def test_a_strimzi_user_secret_is_the_tls_material_of_every_client(tmp_path: Pat
     options = spark_source_options(config)
     assert {k: options[f"kafka.{k}"] for k in java} == java
     assert not any(k.startswith(("kafka.ssl.ca.", "kafka.ssl.key.pem")) for k in options)
+
+
+def test_a_strimzi_secret_with_its_binary_pkcs12_mounts_as_tls_material(tmp_path: Path) -> None:
+    certs = make_certs(tmp_path / "certs")
+    data = strimzi_user_secret_data(certs)
+    data["ca.p12"] = data["user.p12"]  # Strimzi's cluster CA Secret holds one too
+    root = secret_dir(tmp_path / "s", **data)
+    config = make_config(
+        sinkSecretDir=str(root),
+        sink={
+            "kafka": {
+                "bootstrapServers": "127.0.0.1:8",
+                "topic": "out",
+                "secretRef": {"name": "kafka-user"},
+                "options": {"security.protocol": "SSL"},
+            }
+        },
+    )
+    sink = sink_client_config(config)
+    pem = {name: certs.text(name).removesuffix("\n") for name in ("ca.crt", "user.crt", "user.key")}
+    assert sink["ssl.key.pem"] == pem["user.key"]
+    assert sink["ssl.certificate.pem"] == pem["user.crt"]
+    assert sink["ssl.ca.pem"] == pem["ca.crt"]
+    assert not any(key.endswith((".p12", ".password")) for key in sink)
+    assert java_client_properties(sink_java_config(config))["ssl.keystore.key"] == pem["user.key"]
+
+
+def test_a_binary_value_eop_needs_is_an_error_naming_key_and_secret(tmp_path: Path) -> None:
+    certs = make_certs(tmp_path / "certs")
+    # A key eop reads (user.key) holding binary DER instead of PEM.
+    root = secret_dir(tmp_path / "s", **{"user.key": strimzi_user_secret_data(certs)["user.p12"]})
+    sink = {"bootstrapServers": "h:1", "topic": "out", "secretRef": {"name": "kafka-user"}}
+    config = make_config(sinkSecretDir=str(root), sink={"kafka": sink})
+    with pytest.raises(ConfigError, match=r"key user\.key of Secret kafka-user .*not UTF-8"):
+        sink_client_config(config)
 
 
 def test_librdkafka_tls_settings_become_the_java_clients_pem_stores(tmp_path: Path) -> None:
