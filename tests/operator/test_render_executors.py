@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from typing import Any
 
 import pytest
@@ -165,18 +166,24 @@ def test_no_secret_value_is_rendered_into_config_or_pods(manifest: dict[str, Any
     }
 
 
-def test_the_spec_cannot_turn_rpc_security_off_or_hold_the_key(manifest: dict[str, Any]) -> None:
-    for conf, field in [
-        ({"spark.authenticate": "false"}, "spark.authenticate"),
-        ({"spark.network.crypto.enabled": "false"}, "spark.network.crypto.enabled"),
-    ]:
-        with pytest.raises(InvalidPipeline, match=rf"spec\.spark.*must not turn off.*{field}"):
-            load_pipeline(_on_kubernetes(manifest, conf=conf))
-    with pytest.raises(InvalidPipeline, match=r"must not hold spark\.authenticate\.secret"):
-        load_pipeline(_on_kubernetes(manifest, conf={"spark.authenticate.secret": "s3cret"}))
-    # In local mode there is no RPC between pods: nothing to keep on.
-    manifest["spec"]["spark"] = {"master": "local[2]", "conf": {"spark.authenticate": "false"}}
-    load_pipeline(manifest)
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("spark.authenticate", "false"),
+        ("spark.network.crypto.enabled", "false"),
+        ("spark.network.crypto.saslFallback", "true"),
+        ("spark.io.encryption.enabled", "false"),
+        ("spark.authenticate.secret", "s3cret"),
+    ],
+)
+@pytest.mark.parametrize("master", ["k8s://https://kubernetes.default.svc", "local[2]"])
+def test_the_spec_cannot_turn_rpc_security_off_or_hold_the_key(
+    manifest: dict[str, Any], key: str, value: str, master: str
+) -> None:
+    spec = _on_kubernetes(manifest, conf={key: value})
+    spec["spec"]["spark"]["master"] = master
+    with pytest.raises(InvalidPipeline, match=rf"spark\.conf: {re.escape(key)} is set by eop"):
+        load_pipeline(spec)
 
 
 def test_executors_spread_over_nodes_and_away_from_the_driver(manifest: dict[str, Any]) -> None:

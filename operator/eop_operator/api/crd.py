@@ -33,6 +33,7 @@ _KEPT = {
     "minProperties",
     "maxProperties",
     "x-kubernetes-validations",
+    "x-kubernetes-list-type",
 }
 
 
