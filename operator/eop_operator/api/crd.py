@@ -34,6 +34,7 @@ _KEPT = {
     "maxProperties",
     "x-kubernetes-validations",
     "x-kubernetes-list-type",
+    "x-kubernetes-preserve-unknown-fields",
 }
 
 

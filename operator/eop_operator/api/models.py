@@ -16,7 +16,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 from eop_operator import API_VERSION, KIND
@@ -37,6 +37,7 @@ from eop_spark.contract.spec import (
     duration_ms,
     matches,
     refuse_credentials,
+    refuse_keys,
 )
 
 #: A DNS-1035 label: the pipeline's name becomes the name of its Service (no dots, lowercase).
@@ -395,47 +396,48 @@ LABEL_VALUE_PATTERN = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
 MAX_POD_METADATA = 64
 
 
-def _labels_rule(field: str, values: bool) -> Rule:
-    """Every key of the map ``field`` is a qualified name and, with ``values``, every value a
-    label value (the StatefulSet would be refused otherwise); the refusal names the key."""
-    cel_bad = f"!k.matches(r'{QUALIFIED_NAME_PATTERN}')"
-    if values:
-        cel_bad += f" || !self[k].matches(r'{LABEL_VALUE_PATTERN}')"
-
-    def bad(labels: dict[str, str]) -> list[str]:
-        return [
-            key
-            for key, value in labels.items()
-            if re.search(QUALIFIED_NAME_PATTERN, key) is None
-            or (values and re.search(LABEL_VALUE_PATTERN, value) is None)
-        ]
-
-    name = "an optional DNS prefix and '/', then up to 63 letters, digits, '-', '_', '.'"
-    if values:
-        after = f" is not a valid label: its key is {name}; its value up to 63 such characters"
-    else:
-        after = f" is not a valid annotation key: {name}"
-    return Rule(
-        f"self.all(k, !({cel_bad}))",
-        lambda v: not bad(v),
-        f"{field} must hold valid Kubernetes {'labels' if values else 'annotation keys'}",
-        message_expression=f"'{field}: ' + self.filter(k, {cel_bad})[0] + \"{after}\"",
-        explain=lambda v: f"{field}: {bad(v)[0]}{after}",
+def _qualified_keys(field: str, what: str) -> Rule:
+    """Every key of the map ``field`` is a qualified name (the StatefulSet would be refused
+    otherwise); the refusal names the first key that is not."""
+    return refuse_keys(
+        f"!k.matches(r'{QUALIFIED_NAME_PATTERN}')",
+        lambda key: re.search(QUALIFIED_NAME_PATTERN, key) is None,
+        f"{field} keys must be qualified names",
+        before=f"{field}: ",
+        after=f" is not a valid {what} key: an optional DNS prefix and /, then up to 63 "
+        "letters, digits, -, _ or . (alphanumeric at both ends)",
     )
 
 
+#: A label value the API server takes.
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
 PodLabels = Annotated[
-    dict[str, str], Field(max_length=MAX_POD_METADATA), _labels_rule("driver.labels", True)
+    dict[str, LabelValue],
+    Field(max_length=MAX_POD_METADATA),
+    _qualified_keys("driver.labels", "label"),
 ]
 NodeSelector = Annotated[
-    dict[str, str], Field(max_length=MAX_POD_METADATA), _labels_rule("driver.nodeSelector", True)
+    dict[str, LabelValue],
+    Field(max_length=MAX_POD_METADATA),
+    _qualified_keys("driver.nodeSelector", "label"),
 ]
 PodAnnotations = Annotated[
     dict[str, str],
     Field(max_length=MAX_POD_METADATA),
-    _labels_rule("driver.annotations", False),
+    _qualified_keys("driver.annotations", "annotation"),
 ]
 
+
+def _declared(**properties: dict[str, Any]) -> WithJsonSchema:
+    """The CRD schema of a free-form Kubernetes object with the fields its rules read: CEL
+    sees only declared fields, and the API server keeps every other one as it is."""
+    return WithJsonSchema(
+        {"type": "object", "properties": properties, "x-kubernetes-preserve-unknown-fields": True}
+    )
+
+
+_STRING: dict[str, Any] = {"type": "string"}
+_FREE_FORM: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 _TOLERATION_OPERATORS = ("Exists", "Equal")
 _TAINT_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
 
@@ -462,11 +464,22 @@ TOLERATION = Rule(
     "a toleration has operator Exists or Equal (Equal needs a key, Exists no value), effect "
     "NoSchedule, PreferNoSchedule or NoExecute, and tolerationSeconds only with NoExecute",
 )
+Toleration = Annotated[
+    KubeObject,
+    _declared(
+        key={**_STRING, "maxLength": 317},
+        operator={**_STRING, "maxLength": 16},
+        value={**_STRING, "maxLength": 63},
+        effect={**_STRING, "maxLength": 16},
+        tolerationSeconds={"type": "integer"},
+    ),
+    TOLERATION,
+]
 
 #: An environment variable's name as the API server takes it: printable ASCII but '='.
 ENV_NAME_PATTERN = r"^[ -<>-~]+$"
 ENV_VAR = Rule(
-    f"has(self.name) && string(self.name).matches(r'{ENV_NAME_PATTERN}') && "
+    f"has(self.name) && self.name.matches(r'{ENV_NAME_PATTERN}') && "
     "!(has(self.value) && self.value != '' && has(self.valueFrom))",
     lambda e: (
         re.search(ENV_NAME_PATTERN, str(e.get("name", ""))) is not None
@@ -475,6 +488,11 @@ ENV_VAR = Rule(
     "an env var needs a name of printable ASCII characters other than '=', and either value "
     "or valueFrom",
 )
+EnvVar = Annotated[
+    KubeObject,
+    _declared(name={**_STRING, "maxLength": 253}, value=_STRING, valueFrom=_FREE_FORM),
+    ENV_VAR,
+]
 
 
 class DriverSpec(SpecModel):
@@ -483,7 +501,7 @@ class DriverSpec(SpecModel):
     labels: PodLabels = Field(default_factory=dict, description="Extra pod labels.")
     annotations: PodAnnotations = Field(default_factory=dict, description="Extra pod annotations.")
     node_selector: NodeSelector = Field(default_factory=dict, description="Pod nodeSelector.")
-    tolerations: list[Annotated[KubeObject, TOLERATION]] = Field(
+    tolerations: list[Toleration] = Field(
         default_factory=list, max_length=64, description="Pod tolerations."
     )
     host_network: bool = Field(
@@ -494,8 +512,8 @@ class DriverSpec(SpecModel):
     resources: DriverResources = Field(
         default_factory=DriverResources, description="CPU request and limit of the driver."
     )
-    env: list[Annotated[KubeObject, ENV_VAR]] = Field(
-        default_factory=list, max_length=256, description="Extra container env (EnvVar objects)."
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=128, description="Extra container env (EnvVar objects)."
     )
     volumes: list[KubeObject] = Field(default_factory=list, description="Extra pod volumes.")
     volume_mounts: list[KubeObject] = Field(

@@ -74,7 +74,10 @@ _SPARK_CONF_OWNED = (
     r"spark\.kubernetes\.driver\.pod\.name",
     r"spark\.kubernetes\.(driver|executor)\.podTemplate(File|ContainerName)",
     r"spark\.kubernetes\.(driver|executor)\.volumes\..+",
-    r"spark\.kubernetes\.authenticate\..+",
+    # How the driver reaches the API server. Executors' ServiceAccount stays the spec's
+    # (executor.serviceAccountName, e.g. for web identity in object storage): the same power
+    # as spec.serviceAccountName, and their pods get no API token.
+    r"spark\.kubernetes\.authenticate\.((driver|submission)\..+|[^.]+)",
     # The driver's addresses and ports (loopback in local mode; the Service's ports).
     r"spark\.driver\.(host|bindAddress|port|blockManager\.port)",
     r"spark\.blockManager\.port",
@@ -99,7 +102,8 @@ SPARK_CONF = OwnedKeys(
     "spark.kubernetes.[{driver,executor}.]container.image[.pullPolicy], "
     "spark.kubernetes.namespace, spark.kubernetes.driver.pod.name, "
     "spark.kubernetes.{driver,executor}.podTemplate{File,ContainerName}, "
-    "spark.kubernetes.{driver,executor}.volumes.*, spark.kubernetes.authenticate.*, "
+    "spark.kubernetes.{driver,executor}.volumes.*, spark.kubernetes.authenticate.* "
+    "(but executor.serviceAccountName), "
     "spark.driver.{host,bindAddress,port,blockManager.port}, spark.blockManager.port, "
     "spark.ui.{port,killEnabled}, spark.authenticate[.*], spark.network.crypto.*, "
     "spark.io.encryption.enabled, spark.ssl.*, [spark.sql.streaming.]checkpointLocation",

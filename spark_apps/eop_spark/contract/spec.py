@@ -263,6 +263,11 @@ CREDENTIAL_PROPERTIES = (
 _CREDENTIALS = [*CREDENTIAL_PROPERTIES, *(f"kafka.{name}" for name in CREDENTIAL_PROPERTIES)]
 
 
+def cel_string(text: str) -> str:
+    """``text`` as a CEL string literal."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def refuse_keys(
     cel_refused: str, refused: Callable[[str], bool], message: str, *, before: str, after: str
 ) -> Rule:
@@ -280,7 +285,8 @@ def refuse_keys(
         f"self.all(k, !({cel_refused}))",
         lambda v: not found(v),
         message,
-        message_expression=f"'{before}' + self.filter(k, {cel_refused})[0] + '{after}'",
+        message_expression=f"{cel_string(before)} + self.filter(k, {cel_refused})[0] + "
+        f"{cel_string(after)}",
         explain=lambda v: f"{before}{found(v)[0]}{after}",
     )
 
