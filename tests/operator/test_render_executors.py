@@ -14,6 +14,7 @@ from eop_operator.api.load import InvalidPipeline, load_pipeline
 from eop_operator.render import render_pipeline, rpc_secret
 from eop_operator.render.executors import EXECUTOR_TEMPLATE_KEY, RPC_KEY_BYTES
 from eop_operator.render.naming import executor_selector
+from eop_spark.contract.owned_settings import SPARK_CONF
 
 MASTER = "k8s://https://kubernetes.default.svc"
 #: A key as the operator would draw it (random); recognisable in any text it leaked into.
@@ -279,3 +280,14 @@ def test_executor_count_needs_a_kubernetes_master(manifest: dict[str, Any]) -> N
     manifest["spec"]["spark"] = {"master": "local[2]", "executor": {"instances": 3}}
     with pytest.raises(InvalidPipeline, match=r"spec\.spark.*instances applies to a k8s://"):
         load_pipeline(manifest)
+
+
+def test_every_spark_setting_eop_renders_is_one_the_spec_cannot_override(
+    manifest: dict[str, Any],
+) -> None:
+    # A rendered setting outside the owned list would lose to the spec's spark.conf.
+    manifest["spec"]["driver"] = {"hostNetwork": True}
+    manifest["spec"]["executor"] = {"resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2"}}}
+    rendered = _conf(_objects(_on_kubernetes(manifest)))
+    derived_from_the_spec = {"spark.executor.memoryOverhead"}  # the spec's own, or Spark's default
+    assert {key for key in rendered if not SPARK_CONF.owns(key)} == derived_from_the_spec

@@ -51,12 +51,12 @@ class OwnedKeys:
         return f"{where or self.field}: {key}{self.reason}"
 
 
+#: How every refusal of an owned setting goes on after its key.
+_OWNED = " is set by eop and cannot be overridden: "
+
+
 def _one_of(names: tuple[str, ...], prefix: str = "") -> str:
     return f"^{prefix}({'|'.join(names)})$"
-
-
-def _kafka_names(names: tuple[str, ...]) -> str:
-    return ", ".join(name.replace("\\", "") for name in names) + " (also kafka.<name>, any case)"
 
 
 #: What eop sets in the Spark session of every driver (``runtime.session``, ``render.driver``,
@@ -94,7 +94,7 @@ _SPARK_CONF_OWNED = (
 SPARK_CONF = OwnedKeys(
     field="spark.conf",
     regex=_one_of(_SPARK_CONF_OWNED),
-    reason=" is set by eop and cannot be overridden: use the spec's fields (spark.master, "
+    reason=_OWNED + "use the spec's fields (spark.master, "
     "spark.driver, spark.executor, image, driver, executor, checkpoint); RPC security, TLS, "
     "ports, pod templates, volumes and the checkpoint location stay eop's",
     summary="spark.master, spark.submit.deployMode, spark.{driver,executor}.{memory,cores}, "
@@ -109,45 +109,46 @@ SPARK_CONF = OwnedKeys(
     "spark.io.encryption.enabled, spark.ssl.*, [spark.sql.streaming.]checkpointLocation",
 )
 
-#: Names the Kafka clients' settings have with and without the ``kafka.`` prefix Spark uses.
-_KAFKA_PREFIX = r"(kafka\.)?"
+
+def _kafka_options(names: tuple[str, ...], why: str) -> OwnedKeys:
+    """Kafka client properties eop owns in a side's options: ``names`` (regexes), with or
+    without the ``kafka.`` prefix Spark uses, in any case."""
+    return OwnedKeys(
+        field="options",
+        regex=_one_of(names, r"(kafka\.)?"),
+        reason=_OWNED + why,
+        summary=", ".join(name.replace("\\", "") for name in names)
+        + " (also kafka.<name>, any case)",
+        any_case=True,
+    )
+
 
 #: What the runner sets on the source's consumers: its cluster, read_committed, no group of
 #: their own (progress lives in the sink's transactions), where a new partition starts.
-_SOURCE_OWNED = (
-    r"bootstrap\.servers",
-    r"isolation\.level",
-    r"auto\.offset\.reset",
-    r"group\.id",
-    r"enable\.auto\.commit",
-)
-SOURCE_OPTIONS = OwnedKeys(
-    field="options",
-    regex=_one_of(_SOURCE_OWNED, _KAFKA_PREFIX),
-    summary=_kafka_names(_SOURCE_OWNED),
-    reason=" is set by eop and cannot be overridden: the source reads bootstrapServers with "
-    "read_committed isolation, from startingOffsets or the progress group, never committing "
-    "offsets of its own",
-    any_case=True,
+SOURCE_OPTIONS = _kafka_options(
+    (
+        r"bootstrap\.servers",
+        r"isolation\.level",
+        r"auto\.offset\.reset",
+        r"group\.id",
+        r"enable\.auto\.commit",
+    ),
+    "the source reads bootstrapServers with read_committed isolation, from startingOffsets or "
+    "the progress group, never committing offsets of its own",
 )
 
 #: What the runner sets on the sink's transactional producers (and G's reader on that cluster).
-_SINK_OWNED = (
-    r"bootstrap\.servers",
-    r"transactional\.id",
-    r"enable\.idempotence",
-    r"acks",
-    r"transaction\.timeout\.ms",
-    r"isolation\.level",
-)
-SINK_OPTIONS = OwnedKeys(
-    field="options",
-    regex=_one_of(_SINK_OWNED, _KAFKA_PREFIX),
-    summary=_kafka_names(_SINK_OWNED),
-    reason=" is set by eop and cannot be overridden: the sink writes to bootstrapServers with "
-    "idempotent transactional producers (acks=all) whose ids fence older ones; set "
-    "transactionTimeout for transaction.timeout.ms",
-    any_case=True,
+SINK_OPTIONS = _kafka_options(
+    (
+        r"bootstrap\.servers",
+        r"transactional\.id",
+        r"enable\.idempotence",
+        r"acks",
+        r"transaction\.timeout\.ms",
+        r"isolation\.level",
+    ),
+    "the sink writes to bootstrapServers with idempotent transactional producers (acks=all) "
+    "whose ids fence older ones; set transactionTimeout for transaction.timeout.ms",
 )
 
 #: Spark settings that make the RPC between driver and executors authenticated and encrypted
