@@ -582,7 +582,13 @@ def near_misses() -> dict[str, Any]:
     spec["trigger"] = {"processingTime": "500ms"}
     spec["upgrade"] = {"readinessTimeout": "0s"}
     spec["checkpoint"] = {"volume": {"size": "0.5Gi", "accessModes": ["ReadWriteOncePod"]}}
-    spec["spark"] = {"conf": {"spark.sql.streaming.stateStore.providerClass": "x.Rocks"}}
+    spec["spark"] = {
+        "conf": {
+            "spark.sql.streaming.stateStore.providerClass": "x.Rocks",
+            # The executors' ServiceAccount stays the spec's (web identity in object storage).
+            "spark.kubernetes.authenticate.executor.serviceAccountName": "s3-reader",
+        }
+    }
     spec["driver"] = {
         "labels": {"app.kubernetes.io/part-of": "ads", "tier": ""},
         "annotations": {"example.com/owner": "team a, on call"},
