@@ -56,7 +56,7 @@ def probe_spark_rpc(
 def _ask(jvm: Any, address: tuple[str, int], key: str | None) -> str | None:
     from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
 
-    from eop_operator.render.executors import RPC_SECURITY_CONF
+    from eop_spark.contract.owned_settings import RPC_SECURITY_CONF
 
     conf = jvm.org.apache.spark.SparkConf(False)
     for name, value in _TIMEOUTS.items():

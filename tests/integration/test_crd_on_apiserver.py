@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from devenv.kube import ControlPlane
+from eop_operator.api.models import LABEL_VALUE_PATTERN
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "exactlyoncepipelines.exactlyonce.io.yaml"
@@ -182,17 +183,17 @@ REFUSED_AT_THE_DOOR: list[tuple[str, Callable[[dict[str, Any]], None], tuple[str
     (
         "rpc-authentication-off",
         _set("spec.spark", {"master": _K8S, "conf": {"spark.authenticate": "false"}}),
-        ("spec.spark.conf: Invalid value", "must not turn off spark.authenticate"),
+        ("spec.spark.conf: Invalid value", "spark.authenticate is set by eop"),
     ),
     (
         "rpc-encryption-off",
         _set("spec.spark", {"master": _K8S, "conf": {"spark.network.crypto.enabled": "false"}}),
-        ("spec.spark.conf: Invalid value", "spark.network.crypto.enabled"),
+        ("spec.spark.conf: Invalid value", "spark.network.crypto.enabled is set by eop"),
     ),
     (
         "rpc-key-in-the-spec",
         _set("spec.spark", {"master": _K8S, "conf": {"spark.authenticate.secret": "s3cret"}}),
-        ("spec.spark.conf: Invalid value", "must not hold spark.authenticate.secret"),
+        ("spec.spark.conf: Invalid value", "spark.authenticate.secret is set by eop"),
     ),
     (
         "check-interval-zero",
@@ -304,6 +305,310 @@ REFUSED_AT_THE_DOOR: list[tuple[str, Callable[[dict[str, Any]], None], tuple[str
 ]
 
 
+def _conf(key: str, master: str = "local[2]") -> Callable[[dict[str, Any]], None]:
+    return _set("spec.spark", {"master": master, "conf": {key: "x"}})
+
+
+def _options(side: str, key: str, value: str = "x") -> Callable[[dict[str, Any]], None]:
+    return _set(f"spec.{side}.kafka.options", {"linger.ms": "5", key: value})
+
+
+def _driver(field: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    return _set(f"spec.driver.{field}", value)
+
+
+def _pattern(regex: str) -> Callable[[dict[str, Any]], None]:
+    def mutate(obj: dict[str, Any]) -> None:
+        _set("spec.source.kafka.topics", _DELETE)(obj)
+        _set("spec.source.kafka.topicPattern", regex)(obj)
+
+    return mutate
+
+
+_OWNED = " is set by eop and cannot be overridden"
+
+#: Settings eop owns, and mistakes whose pod, claim or query would be refused later: (case id,
+#: mutation, the field the refusal names, the reason both the API server and eop run give).
+OWNED_AND_REFUSED_LATER: list[tuple[str, Callable[[dict[str, Any]], None], str, str]] = [
+    ("conf-master", _conf("spark.master"), "spec.spark.conf", f"spark.master{_OWNED}"),
+    ("conf-driver-memory", _conf("spark.driver.memory"), "spec.spark.conf", "spark.driver.memory"),
+    (
+        "conf-executor-instances",
+        _conf("spark.executor.instances", _K8S),
+        "spec.spark.conf",
+        f"spark.executor.instances{_OWNED}",
+    ),
+    (
+        "conf-host-path-volume",
+        _conf("spark.kubernetes.executor.volumes.hostPath.root.mount.path", _K8S),
+        "spec.spark.conf",
+        f"spark.kubernetes.executor.volumes.hostPath.root.mount.path{_OWNED}",
+    ),
+    (
+        "conf-pod-template",
+        _conf("spark.kubernetes.executor.podTemplateFile", _K8S),
+        "spec.spark.conf",
+        f"spark.kubernetes.executor.podTemplateFile{_OWNED}",
+    ),
+    (
+        "conf-driver-api-token",
+        _conf("spark.kubernetes.authenticate.oauthTokenFile", _K8S),
+        "spec.spark.conf",
+        f"spark.kubernetes.authenticate.oauthTokenFile{_OWNED}",
+    ),
+    (
+        "conf-container-image",
+        _conf("spark.kubernetes.container.image", _K8S),
+        "spec.spark.conf",
+        f"spark.kubernetes.container.image{_OWNED}",
+    ),
+    (
+        "conf-shuffle-encryption-off",
+        _conf("spark.io.encryption.enabled", _K8S),
+        "spec.spark.conf",
+        f"spark.io.encryption.enabled{_OWNED}",
+    ),
+    ("conf-tls", _conf("spark.ssl.enabled"), "spec.spark.conf", f"spark.ssl.enabled{_OWNED}"),
+    (
+        "conf-ui-kill",
+        _conf("spark.ui.killEnabled"),
+        "spec.spark.conf",
+        f"spark.ui.killEnabled{_OWNED}",
+    ),
+    (
+        "conf-driver-bind-address",
+        _conf("spark.driver.bindAddress"),
+        "spec.spark.conf",
+        f"spark.driver.bindAddress{_OWNED}",
+    ),
+    (
+        "conf-checkpoint-location",
+        _conf("spark.sql.streaming.checkpointLocation"),
+        "spec.spark.conf",
+        f"spark.sql.streaming.checkpointLocation{_OWNED}",
+    ),
+    (
+        "sink-transactional-id",
+        _options("sink", "transactional.id"),
+        "spec.sink.kafka.options",
+        f"options: transactional.id{_OWNED}",
+    ),
+    (
+        "sink-prefixed-idempotence",
+        _options("sink", "kafka.enable.idempotence", "false"),
+        "spec.sink.kafka.options",
+        f"options: kafka.enable.idempotence{_OWNED}",
+    ),
+    ("sink-acks", _options("sink", "acks", "1"), "spec.sink.kafka.options", f"acks{_OWNED}"),
+    (
+        "sink-transaction-timeout-ms",
+        _options("sink", "transaction.timeout.ms", "900000"),
+        "spec.sink.kafka.options",
+        "set transactionTimeout for transaction.timeout.ms",
+    ),
+    (
+        "sink-bootstrap-servers",
+        _options("sink", "bootstrap.servers", "other:9092"),
+        "spec.sink.kafka.options",
+        f"options: bootstrap.servers{_OWNED}",
+    ),
+    (
+        "source-read-uncommitted",
+        _options("source", "isolation.level", "read_uncommitted"),
+        "spec.source.kafka.options",
+        f"options: isolation.level{_OWNED}",
+    ),
+    (
+        "source-prefixed-group-id",
+        _options("source", "kafka.group.id", "mine"),
+        "spec.source.kafka.options",
+        f"options: kafka.group.id{_OWNED}",
+    ),
+    (
+        "source-auto-offset-reset",
+        _options("source", "auto.offset.reset", "latest"),
+        "spec.source.kafka.options",
+        f"options: auto.offset.reset{_OWNED}",
+    ),
+    (
+        "source-auto-commit-any-case",
+        _options("source", "Enable.Auto.Commit", "true"),
+        "spec.source.kafka.options",
+        f"options: Enable.Auto.Commit{_OWNED}",
+    ),
+    (
+        "volume-size-zero",
+        _set("spec.checkpoint", {"volume": {"size": "0Gi"}}),
+        "spec.checkpoint.volume.size",
+        "checkpoint.volume.size must be more than 0",
+    ),
+    (
+        "once-pod-with-other-access-modes",
+        _set("spec.checkpoint", {"volume": {"accessModes": ["ReadWriteOncePod", "ReadWriteOnce"]}}),
+        "spec.checkpoint.volume.accessModes",
+        "ReadWriteOncePod cannot be combined with other access modes",
+    ),
+    (
+        "topic-listed-twice",
+        _set("spec.source.kafka.topics", ["raw", "raw.b", "raw"]),
+        "spec.source.kafka.topics[2]",
+        "Duplicate value",
+    ),
+    (
+        "trigger-interval-zero",
+        _set("spec.trigger", {"processingTime": "0ms"}),
+        "spec.trigger.processingTime",
+        "trigger.processingTime must be at least 1ms",
+    ),
+    (
+        "readiness-timeout-zero-with-rollback",
+        _set("spec.upgrade", {"readinessTimeout": "0s", "rollback": True}),
+        "spec.upgrade.readinessTimeout",
+        "readinessTimeout must be more than 0s with upgrade.rollback",
+    ),
+    (
+        "topic-pattern-brace-without-lower-bound",
+        _pattern("events-[0-9]{,2}"),
+        "spec.source.kafka.topicPattern",
+        "a brace that is no {n,m} quantifier",
+    ),
+    (
+        "topic-pattern-stray-brace",
+        _pattern("events{eu}"),
+        "spec.source.kafka.topicPattern",
+        "a brace that is no {n,m} quantifier",
+    ),
+    (
+        "spark-memory-in-kubernetes-units",
+        _set("spec.spark.driver", {"memory": "512Mi"}),
+        "spec.spark.driver.memory",
+        "^[0-9]+[kmgt]$",
+    ),
+    (
+        "spark-memory-below-sparks-minimum",
+        _set("spec.spark", {"master": _K8S, "executor": {"memory": "256m"}}),
+        "spec.spark.executor.memory",
+        "Spark memory must be at least 512m",
+    ),
+    (
+        "complete-output-with-partitioned-commits",
+        lambda obj: (
+            _set("spec.transform.outputMode", "complete")(obj),
+            _set("spec.sink.kafka.commitMode", "partitioned")(obj),
+        ),
+        "spec.sink.kafka.commitMode",
+        "partitioned cannot write a complete-mode query",
+    ),
+    (
+        "label-value-with-space",
+        _driver("labels", {"team": "ads core"}),
+        "spec.driver.labels.team",
+        f"'{LABEL_VALUE_PATTERN}'",
+    ),
+    (
+        "label-key-with-two-slashes",
+        _driver("labels", {"example.com/team/x": "ads"}),
+        "spec.driver.labels",
+        "driver.labels: example.com/team/x is not a valid label key",
+    ),
+    (
+        "annotation-key-with-space",
+        _driver("annotations", {"owner note": "ads"}),
+        "spec.driver.annotations",
+        "driver.annotations: owner note is not a valid annotation key",
+    ),
+    (
+        "node-selector-key-with-space",
+        _driver("nodeSelector", {"disk type": "ssd"}),
+        "spec.driver.nodeSelector",
+        "driver.nodeSelector: disk type is not a valid label key",
+    ),
+    (
+        "toleration-exists-with-value",
+        _driver("tolerations", [{"key": "gpu", "operator": "Exists", "value": "yes"}]),
+        "spec.driver.tolerations[0]",
+        "a toleration has operator Exists or Equal",
+    ),
+    (
+        "toleration-seconds-without-no-execute",
+        _driver(
+            "tolerations",
+            [{"key": "gpu", "value": "a", "effect": "NoSchedule", "tolerationSeconds": 60}],
+        ),
+        "spec.driver.tolerations[0]",
+        "tolerationSeconds only with NoExecute",
+    ),
+    (
+        "env-name-with-equals",
+        _driver("env", [{"name": "JAVA_OPTS=-Xss4m", "value": "1"}]),
+        "spec.driver.env[0]",
+        "an env var needs a name of printable ASCII characters other than '='",
+    ),
+    (
+        "env-value-and-value-from",
+        _driver(
+            "env",
+            [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        ),
+        "spec.driver.env[0]",
+        "either value or valueFrom",
+    ),
+    (
+        "image-repository-in-capitals",
+        _set("spec.image", "ghcr.io/Acme/EOP-spark:1.0"),
+        "spec.image",
+        "image must be an image reference",
+    ),
+    (
+        "image-with-space",
+        _set("spec.image", "ghcr.io/acme/eop-spark: 1.0"),
+        "spec.image",
+        "image must be an image reference",
+    ),
+]
+
+
+def near_misses() -> dict[str, Any]:
+    """A pipeline close to the rules on owned settings and on what pods and claims take,
+    valid all the same."""
+    tuned = copy.deepcopy(VALID)
+    tuned["metadata"]["name"] = "tuned"
+    spec = tuned["spec"]
+    spec["image"] = "registry.local:5000/team-a/eop-spark:1.0_rc.2@sha256:" + "0a" * 32
+    del spec["source"]["kafka"]["topics"]
+    spec["source"]["kafka"]["topicPattern"] = r"(events|clicks)-[a-z]{2}-v[0-9]{1,3}\.x{2,}"
+    spec["source"]["kafka"]["options"] = {"fetch.min.bytes": "1", "kafka.client.id": "a"}
+    spec["sink"]["kafka"]["options"] = {"linger.ms": "5", "compression.type": "lz4"}
+    spec["trigger"] = {"processingTime": "500ms"}
+    spec["upgrade"] = {"readinessTimeout": "0s"}
+    spec["checkpoint"] = {"volume": {"size": "0.5Gi", "accessModes": ["ReadWriteOncePod"]}}
+    spec["spark"] = {
+        "conf": {
+            "spark.sql.streaming.stateStore.providerClass": "x.Rocks",
+            # The executors' ServiceAccount stays the spec's (web identity in object storage).
+            "spark.kubernetes.authenticate.executor.serviceAccountName": "s3-reader",
+        }
+    }
+    spec["driver"] = {
+        "labels": {"app.kubernetes.io/part-of": "ads", "tier": ""},
+        "annotations": {"example.com/owner": "team a, on call"},
+        "nodeSelector": {"kubernetes.io/arch": "amd64"},
+        "tolerations": [
+            {"operator": "Exists"},
+            {
+                "key": "node.kubernetes.io/unreachable",
+                "effect": "NoExecute",
+                "tolerationSeconds": 30,
+            },
+        ],
+        "env": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "spark.local.dir", "value": "/tmp"},
+        ],
+    }
+    return tuned
+
+
 @pytest.fixture(scope="module")
 def crd_installed(control_plane: ControlPlane) -> ControlPlane:
     control_plane.kubectl("apply", "--server-side", "-f", str(CRD), check=True)
@@ -369,6 +674,27 @@ def test_what_the_driver_could_not_run_is_refused_by_kubectl_apply(
         assert fragment in output
 
 
+@pytest.mark.parametrize(
+    ("case", "mutate", "field", "reason"),
+    OWNED_AND_REFUSED_LATER,
+    ids=[m[0] for m in OWNED_AND_REFUSED_LATER],
+)
+def test_settings_eop_owns_and_what_kubernetes_or_spark_would_refuse_later_are_refused(
+    crd_installed: ControlPlane,
+    kube_namespace: str,
+    case: str,
+    mutate: Callable[[dict[str, Any]], None],
+    field: str,
+    reason: str,
+) -> None:
+    obj = copy.deepcopy(VALID)
+    mutate(obj)
+    code, output = _apply(crd_installed, kube_namespace, obj)
+    assert code != 0, f"{case} was accepted"
+    assert f"{field}: " in output, output
+    assert reason in output, output
+
+
 def test_what_users_write_in_examples_stays_accepted(
     crd_installed: ControlPlane, kube_namespace: str
 ) -> None:
@@ -397,11 +723,18 @@ def test_what_users_write_in_examples_stays_accepted(
     obj["metadata"]["name"] = "wide"
     obj["spec"]["spark"] = {
         "master": _K8S,
-        "executor": {"instances": 4, "cores": 2},
-        "conf": {"spark.authenticate": "true", "spark.network.crypto.cipher": "AES/GCM/NoPadding"},
+        "driver": {"memory": "512m"},
+        "executor": {"instances": 4, "cores": 2, "memory": "2g"},
+        "conf": {
+            "spark.executor.memoryOverhead": "1g",
+            "spark.sql.shuffle.partitions": "16",
+            "spark.kubernetes.authenticate.executor.serviceAccountName": "s3-reader",
+        },
     }
     obj["spec"]["executor"] = {"resources": {"requests": {"cpu": "500m"}, "limits": {"cpu": "2"}}}
     code, output = _apply(crd_installed, kube_namespace, obj)
+    assert code == 0, output
+    code, output = _apply(crd_installed, kube_namespace, near_misses())
     assert code == 0, output
 
 

@@ -11,7 +11,12 @@ import pytest
 
 from eop_operator.api.load import InvalidPipeline, load_pipeline
 from eop_operator.api.models import Retention, UpgradeMode
-from tests.integration.test_crd_on_apiserver import REFUSED_AT_THE_DOOR, VALID
+from tests.integration.test_crd_on_apiserver import (
+    OWNED_AND_REFUSED_LATER,
+    REFUSED_AT_THE_DOOR,
+    VALID,
+    near_misses,
+)
 
 
 def test_minimal_manifest_gets_documented_defaults(manifest: dict[str, Any]) -> None:
@@ -74,6 +79,33 @@ def test_what_the_api_server_refuses_eop_run_refuses_too(
     field = expected[0].split(":")[0].split(" ")[0].removeprefix("spec.").replace("[0]", ".0")
     with pytest.raises(InvalidPipeline, match=re.escape(field)):
         load_pipeline(obj)
+
+
+@pytest.mark.parametrize(
+    ("case", "mutate", "field", "reason"),
+    OWNED_AND_REFUSED_LATER,
+    ids=[m[0] for m in OWNED_AND_REFUSED_LATER],
+)
+def test_eop_run_refuses_what_the_api_server_refuses_with_the_same_field_and_reason(
+    case: str, mutate: Callable[[dict[str, Any]], None], field: str, reason: str
+) -> None:
+    obj = copy.deepcopy(VALID)
+    mutate(obj)
+    with pytest.raises(InvalidPipeline) as refused:
+        load_pipeline(obj)
+    # pydantic names list entries spec.driver.env.0 where the API server says env[0], a
+    # duplicate on the list, and a rule relating fields on their model, in the message.
+    named = re.sub(r"\[(\d+)\]", r".\1", field).removeprefix("spec.")
+    if reason == "Duplicate value":
+        named = named.rsplit(".", 1)[0]
+    assert named in str(refused.value)
+    assert reason in str(refused.value)
+
+
+def test_eop_run_takes_the_near_misses_the_api_server_takes() -> None:
+    spec = load_pipeline(near_misses()).spec
+    assert spec.driver.tolerations[1]["tolerationSeconds"] == 30
+    assert spec.spark.conf["spark.kubernetes.authenticate.executor.serviceAccountName"]
 
 
 def test_a_topic_pattern_python_cannot_compile_is_refused_by_the_operator() -> None:

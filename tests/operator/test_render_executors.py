@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from eop_operator.api.load import InvalidPipeline, load_pipeline
 from eop_operator.render import render_pipeline, rpc_secret
 from eop_operator.render.executors import EXECUTOR_TEMPLATE_KEY, RPC_KEY_BYTES
 from eop_operator.render.naming import executor_selector
+from eop_spark.contract.owned_settings import SPARK_CONF
 
 MASTER = "k8s://https://kubernetes.default.svc"
 #: A key as the operator would draw it (random); recognisable in any text it leaked into.
@@ -165,18 +167,24 @@ def test_no_secret_value_is_rendered_into_config_or_pods(manifest: dict[str, Any
     }
 
 
-def test_the_spec_cannot_turn_rpc_security_off_or_hold_the_key(manifest: dict[str, Any]) -> None:
-    for conf, field in [
-        ({"spark.authenticate": "false"}, "spark.authenticate"),
-        ({"spark.network.crypto.enabled": "false"}, "spark.network.crypto.enabled"),
-    ]:
-        with pytest.raises(InvalidPipeline, match=rf"spec\.spark.*must not turn off.*{field}"):
-            load_pipeline(_on_kubernetes(manifest, conf=conf))
-    with pytest.raises(InvalidPipeline, match=r"must not hold spark\.authenticate\.secret"):
-        load_pipeline(_on_kubernetes(manifest, conf={"spark.authenticate.secret": "s3cret"}))
-    # In local mode there is no RPC between pods: nothing to keep on.
-    manifest["spec"]["spark"] = {"master": "local[2]", "conf": {"spark.authenticate": "false"}}
-    load_pipeline(manifest)
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("spark.authenticate", "false"),
+        ("spark.network.crypto.enabled", "false"),
+        ("spark.network.crypto.saslFallback", "true"),
+        ("spark.io.encryption.enabled", "false"),
+        ("spark.authenticate.secret", "s3cret"),
+    ],
+)
+@pytest.mark.parametrize("master", ["k8s://https://kubernetes.default.svc", "local[2]"])
+def test_the_spec_cannot_turn_rpc_security_off_or_hold_the_key(
+    manifest: dict[str, Any], key: str, value: str, master: str
+) -> None:
+    spec = _on_kubernetes(manifest, conf={key: value})
+    spec["spec"]["spark"]["master"] = master
+    with pytest.raises(InvalidPipeline, match=rf"spark\.conf: {re.escape(key)} is set by eop"):
+        load_pipeline(spec)
 
 
 def test_executors_spread_over_nodes_and_away_from_the_driver(manifest: dict[str, Any]) -> None:
@@ -272,3 +280,14 @@ def test_executor_count_needs_a_kubernetes_master(manifest: dict[str, Any]) -> N
     manifest["spec"]["spark"] = {"master": "local[2]", "executor": {"instances": 3}}
     with pytest.raises(InvalidPipeline, match=r"spec\.spark.*instances applies to a k8s://"):
         load_pipeline(manifest)
+
+
+def test_every_spark_setting_eop_renders_is_one_the_spec_cannot_override(
+    manifest: dict[str, Any],
+) -> None:
+    # A rendered setting outside the owned list would lose to the spec's spark.conf.
+    manifest["spec"]["driver"] = {"hostNetwork": True}
+    manifest["spec"]["executor"] = {"resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2"}}}
+    rendered = _conf(_objects(_on_kubernetes(manifest)))
+    derived_from_the_spec = {"spark.executor.memoryOverhead"}  # the spec's own, or Spark's default
+    assert {key for key in rendered if not SPARK_CONF.owns(key)} == derived_from_the_spec

@@ -26,3 +26,22 @@ def test_setting_a_prefix_after_the_fact_is_refused(manifest: dict[str, Any]) ->
 def test_run_config_uses_the_generation_directory(manifest: dict[str, Any]) -> None:
     config = build_run_config(load_pipeline(manifest), checkpoint_root="/cp/", generation=3)
     assert config.checkpoint_location == "/cp/gen-3"
+
+
+def test_eops_spark_settings_hold_over_a_conf_that_slipped_past_the_api(
+    manifest: dict[str, Any],
+) -> None:
+    # The API server and load_pipeline refuse these; a pipeline built another way keeps none.
+    pipeline = load_pipeline(manifest)
+    slipped = {
+        "spark.kubernetes.executor.podTemplateFile": "/tmp/mine.yaml",
+        "spark.kubernetes.driver.volumes.hostPath.root.mount.path": "/host",
+        "spark.sql.shuffle.partitions": "64",
+    }
+    spark = pipeline.spec.spark.model_copy(update={"conf": slipped})
+    pipeline = pipeline.model_copy(
+        update={"spec": pipeline.spec.model_copy(update={"spark": spark})}
+    )
+    eops = {"spark.kubernetes.executor.podTemplateFile": "/etc/eop/executor-pod.yaml"}
+    config = build_run_config(pipeline, checkpoint_root="/cp", generation=0, extra_spark_conf=eops)
+    assert config.spark.conf == {**eops, "spark.sql.shuffle.partitions": "64"}

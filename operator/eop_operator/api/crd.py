@@ -33,6 +33,8 @@ _KEPT = {
     "minProperties",
     "maxProperties",
     "x-kubernetes-validations",
+    "x-kubernetes-list-type",
+    "x-kubernetes-preserve-unknown-fields",
 }
 
 

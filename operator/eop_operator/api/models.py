@@ -16,14 +16,16 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 from eop_operator import API_VERSION, KIND
 from eop_spark.contract.spec import (
     CEL_RULES_KEY,
     DEFAULT_TRIGGER_INTERVAL,
+    CommitMode,
     Duration,
+    OutputMode,
     Rule,
     SinkSpec,
     SourceSpec,
@@ -35,6 +37,7 @@ from eop_spark.contract.spec import (
     duration_ms,
     matches,
     refuse_credentials,
+    refuse_keys,
 )
 
 #: A DNS-1035 label: the pipeline's name becomes the name of its Service (no dots, lowercase).
@@ -74,18 +77,39 @@ class Retention(StrEnum):
     DELETE = "Delete"
 
 
+#: A quantity of nothing: 0, 0.0, 0Gi...
+_ZERO_QUANTITY = r"^0+(\.0+)?([KMGTP]i|[kMGTP])?$"
+_VOLUME_SIZE = Rule(
+    f"!self.matches(r'{_ZERO_QUANTITY}')",
+    lambda v: re.search(_ZERO_QUANTITY, v) is None,
+    "checkpoint.volume.size must be more than 0: the checkpoint needs room",
+)
+_ONCE_POD = AccessMode.READ_WRITE_ONCE_POD.value
+_CLAIM_ACCESS_MODES = Rule(
+    f"!('{_ONCE_POD}' in self) || size(self) == 1",
+    lambda v: _ONCE_POD not in v or len(v) == 1,
+    f"checkpoint.volume.accessModes: {_ONCE_POD} cannot be combined with other access modes "
+    "(the API server refuses such a claim)",
+)
+
+
 class CheckpointVolume(SpecModel):
     """A PersistentVolumeClaim created for the checkpoint."""
 
-    size: str = Field(default="1Gi", pattern=QUANTITY_PATTERN, description="Requested storage.")
+    size: Annotated[str, _VOLUME_SIZE] = Field(
+        default="1Gi",
+        max_length=64,
+        pattern=QUANTITY_PATTERN,
+        description="Requested storage, more than 0.",
+    )
     storage_class_name: str | None = Field(
         default=None, description="StorageClass; the cluster default when unset."
     )
-    access_modes: list[AccessMode] = Field(
+    access_modes: Annotated[list[AccessMode], _CLAIM_ACCESS_MODES] = Field(
         default_factory=lambda: [AccessMode.READ_WRITE_ONCE],
         min_length=1,
         max_length=3,
-        description="Access modes of the claim.",
+        description="Access modes of the claim; ReadWriteOncePod only alone.",
     )
 
 
@@ -213,6 +237,17 @@ class UpgradeMode(StrEnum):
 
 class UpgradeSpec(SpecModel):
     """How spec changes that need a driver restart are applied (see docs/lifecycle.md)."""
+
+    rules = (
+        Rule(
+            "!has(self.rollback) || !self.rollback || !has(self.readinessTimeout) || "
+            "duration(self.readinessTimeout) > duration('0s')",
+            lambda u: not u.rollback or duration_ms(u.readiness_timeout) > 0,
+            "upgrade.readinessTimeout must be more than 0s with upgrade.rollback: every upgrade "
+            "would be rolled back before its driver could become Ready",
+            field_path=".readinessTimeout",
+        ),
+    )
 
     mode: UpgradeMode = Field(
         default=UpgradeMode.LAST_STATE,
@@ -349,13 +384,126 @@ class ExecutorResources(SpecModel):
     )
 
 
+#: A Kubernetes qualified name (label and annotation keys): an optional DNS subdomain prefix
+#: and '/', then up to 63 letters, digits, '-', '_', '.', starting and ending alphanumeric.
+QUALIFIED_NAME_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+#: A label value: empty, or up to 63 of the name's characters.
+LABEL_VALUE_PATTERN = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
+#: Entries of a pod's label, annotation or node selector map the spec takes.
+MAX_POD_METADATA = 64
+
+
+def _qualified_keys(field: str, what: str) -> Rule:
+    """Every key of the map ``field`` is a qualified name (the StatefulSet would be refused
+    otherwise); the refusal names the first key that is not."""
+    return refuse_keys(
+        f"!k.matches(r'{QUALIFIED_NAME_PATTERN}')",
+        lambda key: re.search(QUALIFIED_NAME_PATTERN, key) is None,
+        f"{field} keys must be qualified names",
+        before=f"{field}: ",
+        after=f" is not a valid {what} key: an optional DNS prefix and /, then up to 63 "
+        "letters, digits, -, _ or . (alphanumeric at both ends)",
+    )
+
+
+#: A label value the API server takes.
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+PodLabels = Annotated[
+    dict[str, LabelValue],
+    Field(max_length=MAX_POD_METADATA),
+    _qualified_keys("driver.labels", "label"),
+]
+NodeSelector = Annotated[
+    dict[str, LabelValue],
+    Field(max_length=MAX_POD_METADATA),
+    _qualified_keys("driver.nodeSelector", "label"),
+]
+PodAnnotations = Annotated[
+    dict[str, str],
+    Field(max_length=MAX_POD_METADATA),
+    _qualified_keys("driver.annotations", "annotation"),
+]
+
+
+def _declared(**properties: dict[str, Any]) -> WithJsonSchema:
+    """The CRD schema of a free-form Kubernetes object with the fields its rules read: CEL
+    sees only declared fields, and the API server keeps every other one as it is."""
+    return WithJsonSchema(
+        {"type": "object", "properties": properties, "x-kubernetes-preserve-unknown-fields": True}
+    )
+
+
+_STRING: dict[str, Any] = {"type": "string"}
+_FREE_FORM: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+_TOLERATION_OPERATORS = ("Exists", "Equal")
+_TAINT_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def _toleration_holds(t: KubeObject) -> bool:
+    operator, effect = t.get("operator", "Equal"), t.get("effect", "")
+    return (
+        operator in _TOLERATION_OPERATORS
+        and effect in _TAINT_EFFECTS
+        and (operator == "Exists" or bool(t.get("key")))
+        and (operator != "Exists" or not t.get("value"))
+        and ("tolerationSeconds" not in t or effect == "NoExecute")
+    )
+
+
+#: What the API server checks of a pod's toleration.
+TOLERATION = Rule(
+    f"(!has(self.operator) || self.operator in {list(_TOLERATION_OPERATORS)}) && "
+    f"(!has(self.effect) || self.effect in {list(_TAINT_EFFECTS)}) && "
+    "((has(self.operator) && self.operator == 'Exists') || (has(self.key) && self.key != '')) && "
+    "(!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == '') && "
+    "(!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute'))",
+    _toleration_holds,
+    "a toleration has operator Exists or Equal (Equal needs a key, Exists no value), effect "
+    "NoSchedule, PreferNoSchedule or NoExecute, and tolerationSeconds only with NoExecute",
+)
+Toleration = Annotated[
+    KubeObject,
+    _declared(
+        key={**_STRING, "maxLength": 317},
+        operator={**_STRING, "maxLength": 16},
+        value={**_STRING, "maxLength": 63},
+        effect={**_STRING, "maxLength": 16},
+        tolerationSeconds={"type": "integer"},
+    ),
+    TOLERATION,
+]
+
+#: An environment variable's name as the API server takes it: printable ASCII but '='.
+ENV_NAME_PATTERN = r"^[ -<>-~]+$"
+ENV_VAR = Rule(
+    f"has(self.name) && self.name.matches(r'{ENV_NAME_PATTERN}') && "
+    "!(has(self.value) && self.value != '' && has(self.valueFrom))",
+    lambda e: (
+        re.search(ENV_NAME_PATTERN, str(e.get("name", ""))) is not None
+        and not (e.get("value") and "valueFrom" in e)
+    ),
+    "an env var needs a name of printable ASCII characters other than '=', and either value "
+    "or valueFrom",
+)
+EnvVar = Annotated[
+    KubeObject,
+    _declared(name={**_STRING, "maxLength": 253}, value=_STRING, valueFrom=_FREE_FORM),
+    ENV_VAR,
+]
+
+
 class DriverSpec(SpecModel):
     """Overrides for the driver pod."""
 
-    labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels.")
-    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
-    tolerations: list[KubeObject] = Field(default_factory=list, description="Pod tolerations.")
+    labels: PodLabels = Field(default_factory=dict, description="Extra pod labels.")
+    annotations: PodAnnotations = Field(default_factory=dict, description="Extra pod annotations.")
+    node_selector: NodeSelector = Field(default_factory=dict, description="Pod nodeSelector.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=64, description="Pod tolerations."
+    )
     host_network: bool = Field(
         default=False,
         description="Run the driver on the host network. Spark then picks free ports and "
@@ -364,8 +512,8 @@ class DriverSpec(SpecModel):
     resources: DriverResources = Field(
         default_factory=DriverResources, description="CPU request and limit of the driver."
     )
-    env: list[KubeObject] = Field(
-        default_factory=list, description="Extra container env (EnvVar objects)."
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=128, description="Extra container env (EnvVar objects)."
     )
     volumes: list[KubeObject] = Field(default_factory=list, description="Extra pod volumes.")
     volume_mounts: list[KubeObject] = Field(
@@ -409,6 +557,21 @@ def _cpu_fits(side: str) -> Rule:
     )
 
 
+_PATH_COMPONENT = r"[a-z0-9]+([._-]+[a-z0-9]+)*"
+#: An image reference the kubelet can pull: [registry[:port]/]repository[:tag][@digest].
+IMAGE_PATTERN = (
+    r"^([A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]+)?/)?"
+    rf"{_PATH_COMPONENT}(/{_PATH_COMPONENT})*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+IMAGE_REFERENCE = matches(
+    IMAGE_PATTERN,
+    "image must be an image reference such as registry.example.com/team/eop-spark:1.0 "
+    "(lowercase repository, no spaces): the kubelet pulls no other (InvalidImageName)",
+)
+
+
 def _sink_is_not_a_source(spec: PipelineSpec) -> bool:
     source, sink = spec.source.kafka, spec.sink.kafka
     same_cluster = source.bootstrap_servers == sink.bootstrap_servers
@@ -442,12 +605,30 @@ class PipelineSpec(SpecModel):
             "pipeline would read its own output",
             field_path=".sink.kafka.topic",
         ),
+        Rule(
+            f"!has(self.transform.outputMode) || self.transform.outputMode != "
+            f"'{OutputMode.COMPLETE.value}' || !has(self.sink.kafka.commitMode) || "
+            f"self.sink.kafka.commitMode != '{CommitMode.PARTITIONED.value}'",
+            lambda spec: (
+                not (
+                    spec.transform.output_mode == OutputMode.COMPLETE
+                    and spec.sink.kafka.commit_mode == CommitMode.PARTITIONED
+                )
+            ),
+            "sink.kafka.commitMode partitioned cannot write a complete-mode query: complete "
+            "output is an aggregation's, whose rows come from no single source record (use "
+            "coordinated or auto)",
+            field_path=".sink.kafka.commitMode",
+        ),
     )
 
-    image: str | None = Field(
+    image: Annotated[str, IMAGE_REFERENCE] | None = Field(
         default=None,
         min_length=1,
-        description="Spark application image; the operator's default image when unset.",
+        max_length=1000,
+        description="Spark application image; the operator's default image when unset. An "
+        "image reference such as registry.example.com/team/eop-spark:1.0 (lowercase "
+        "repository, no spaces).",
     )
     image_pull_policy: PullPolicy = Field(default=PullPolicy.IF_NOT_PRESENT)
     service_account_name: str | None = Field(

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eop_operator.api.models import ExactlyOncePipeline
+from eop_spark.contract.owned_settings import SPARK_CONF
 from eop_spark.contract.run_config import (
+    ResolvedSpark,
     RunConfig,
     default_transactional_id_prefix,
     progress_group,
@@ -69,18 +71,19 @@ def build_run_config(
     """
     identity = identity or resolve_identity(pipeline)
     spark = pipeline.spec.spark
-    # The object store's settings reach Hadoop as spark.hadoop.*; the user's spark.conf wins.
+    # The object store's settings reach Hadoop as spark.hadoop.*; the user's spark.conf wins,
+    # except for the settings eop owns (the API server refuses them; should one slip through,
+    # eop's value holds, or none).
     store = {f"spark.hadoop.{k}": v for k, v in pipeline.spec.checkpoint.options.items()}
-    if extra_spark_conf or store:
-        conf = {**store, **(extra_spark_conf or {}), **spark.conf}
-        spark = spark.model_copy(update={"conf": conf})
+    user = {k: v for k, v in spark.conf.items() if not SPARK_CONF.owns(k)}
+    conf = {**store, **(extra_spark_conf or {}), **user}
     return RunConfig(
         pipeline=pipeline.pipeline_id,
         source=pipeline.spec.source,
         transform=pipeline.spec.transform,
         sink=pipeline.spec.sink,
         trigger=pipeline.spec.trigger,
-        spark=spark,
+        spark=ResolvedSpark(**{**dict(spark), "conf": conf}),
         transactional_id_prefix=identity.transactional_id_prefix,
         progress_group=identity.progress_group,
         checkpoint_root=checkpoint_root,

@@ -47,6 +47,7 @@ from eop_operator.render.pods import (
     secret_dir,
     spark_memory_mib,
 )
+from eop_spark.contract.owned_settings import RPC_SECURITY_CONF
 
 #: The executor pod template's key in the pipeline's ConfigMap (mounted at ``CONFIG_DIR``).
 EXECUTOR_TEMPLATE_KEY = "executor-pod.yaml"
@@ -60,22 +61,6 @@ RPC_SECRET_KEY = "key"
 RPC_KEY_BYTES = 32
 #: The executor's launcher reads the master from here (see eop_spark.runtime.executor).
 MASTER_ENV = "EOP_SPARK_MASTER"
-#: Spark settings that make the RPC authenticated and encrypted (the key's file added).
-RPC_SECURITY_CONF = {
-    "spark.authenticate": "true",
-    "spark.network.crypto.enabled": "true",
-    # AES-CTR, Spark's default. AES-GCM (authenticated encryption) loses every message after
-    # the first on a channel in Spark 4.0.0 (SPARK-56227): an executor never gets the driver's
-    # settings. Switch once the pinned Spark has the fix (spec.spark.conf may set it).
-    "spark.network.crypto.cipher": "AES/CTR/NoPadding",
-    # Version 2 derives the session keys as the protocol's fix for version 1 does.
-    "spark.network.crypto.authEngineVersion": "2",
-    # No downgrade to SASL DIGEST-MD5 for a peer that does not speak AES.
-    "spark.network.crypto.saslFallback": "false",
-    # Shuffle and spill files on the executors' emptyDirs (the nodes' disks) are encrypted too,
-    # with a key the driver hands its executors over the RPC above.
-    "spark.io.encryption.enabled": "true",
-}
 
 
 def executor_memory_mib(pipeline: ExactlyOncePipeline) -> tuple[int, int]:

@@ -1,7 +1,8 @@
 """The contract: what the operator may import from the data plane, and what every room builds on.
 
 Pure definitions, no I/O: the pipeline models (:mod:`.spec`, which the
-operator's API composes), the resolved run configuration and the pipeline's
+operator's API composes), the settings eop owns in them (:mod:`.owned_settings`),
+the resolved run configuration and the pipeline's
 identities (:mod:`.run_config`), the errors and exit codes of a runner
 (:mod:`.errors`), the reasons in its termination message (:mod:`.termination`),
 offset arithmetic (:mod:`.offsets`) and the names the progress group keeps its

@@ -42,6 +42,18 @@ def default_transactional_id_prefix(pipeline: str) -> str:
     return f"eop.{pipeline}"
 
 
+class ResolvedSpark(SparkSpec):
+    """``spec.spark`` as a runner gets it: ``conf`` holds eop's own settings too.
+
+    The operator adds them (ports, the executor pod template, RPC security) to the
+    spec's, which may hold none (see :mod:`eop_spark.contract.owned_settings`).
+    """
+
+    conf: dict[str, str] = Field(
+        default_factory=dict, description="Spark settings: the spec's, then eop's own."
+    )
+
+
 class RunConfig(SpecModel):
     """One pipeline run, fully resolved (no defaults left to guess)."""
 
@@ -50,7 +62,7 @@ class RunConfig(SpecModel):
     transform: TransformSpec
     sink: SinkSpec
     trigger: TriggerSpec = Field(default_factory=TriggerSpec)
-    spark: SparkSpec = Field(default_factory=SparkSpec)
+    spark: ResolvedSpark = Field(default_factory=ResolvedSpark)
     transactional_id_prefix: str = Field(min_length=1)
     progress_group: str = Field(min_length=1)
     checkpoint_root: str = Field(min_length=1, description="Directory or URI of all generations.")

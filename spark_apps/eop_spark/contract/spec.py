@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import core_schema as cs
+
+from eop_spark.contract.owned_settings import SINK_OPTIONS, SOURCE_OPTIONS, SPARK_CONF, OwnedKeys
 
 #: Kubernetes-style durations accepted everywhere in the spec: ``500ms``, ``30s``, ``5m``, ``1h``.
 #: At most six digits, so every duration also parses as CEL's (Go's) duration in the API server.
@@ -228,14 +230,19 @@ STARTING_OFFSETS = Rule(
 #: Regex syntax that Java's and Python's engines read differently or only one of them knows:
 #: lookbehind, named groups ((?<n>...) in Java, (?P<n>...) in Python), atomic groups,
 #: possessive quantifiers, Unicode classes, \Q...\E quoting and other Java-only escapes,
-#: class intersection.
-_UNPORTABLE_REGEX = r"\(\?(<|P|>)|[*+?}]\+|\\[pPQEhHRXGKz]|&&"
+#: class intersection, and a brace that opens no {n}, {n,} or {n,m} quantifier (Python reads
+#: {,2} as {0,2} and a stray brace as itself; Java compiles neither, and topic names hold no
+#: braces).
+_UNPORTABLE_REGEX = (
+    r"\(\?(<|P|>)|[*+?}]\+|\\[pPQEhHRXGKz]|&&"
+    r"|\{([^0-9]|$)|\{[0-9]+([^0-9,}]|$)|\{[0-9]+,[0-9]*([^0-9}]|$)"
+)
 TOPIC_REGEX = Rule(
     f"!self.matches(r'{_UNPORTABLE_REGEX}')",
     lambda v: re.search(_UNPORTABLE_REGEX, v) is None,
     "topicPattern uses regex syntax that Java and Python read differently (lookbehind, named or "
-    "atomic groups, possessive quantifiers, \\p{..}, \\Q..\\E, &&): use plain groups, classes, "
-    "alternation and quantifiers",
+    "atomic groups, possessive quantifiers, \\p{..}, \\Q..\\E, &&, a brace that is no {n,m} "
+    "quantifier such as {,2}): use plain groups, classes, alternation and quantifiers",
 )
 
 #: Kafka client properties that hold secrets: they belong in the Secret of secretRef.
@@ -256,26 +263,58 @@ CREDENTIAL_PROPERTIES = (
 _CREDENTIALS = [*CREDENTIAL_PROPERTIES, *(f"kafka.{name}" for name in CREDENTIAL_PROPERTIES)]
 
 
+def cel_string(text: str) -> str:
+    """``text`` as a CEL string literal."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def refuse_keys(
+    cel_refused: str, refused: Callable[[str], bool], message: str, *, before: str, after: str
+) -> Rule:
+    """A rule on a map of settings: no key that ``refused`` holds for (CEL: ``cel_refused``, a
+    test of ``k``); the refusal names the first such key between ``before`` and ``after``.
+
+    ``message`` is the refusal without the key (an API server too old for message
+    expressions shows it).
+    """
+
+    def found(settings: dict[str, str]) -> list[str]:
+        return [key for key in settings if refused(key)]
+
+    return Rule(
+        f"self.all(k, !({cel_refused}))",
+        lambda v: not found(v),
+        message,
+        message_expression=f"{cel_string(before)} + self.filter(k, {cel_refused})[0] + "
+        f"{cel_string(after)}",
+        explain=lambda v: f"{before}{found(v)[0]}{after}",
+    )
+
+
 def refuse_credentials(
     cel_is_credential: str, is_credential: Callable[[str], bool], field: str, secret_field: str
 ) -> Rule:
     """A rule on a map of properties: no key that ``is_credential`` (CEL: the same test of
     ``k``, on the lower-cased name) holds; the message names the first such key, ``field``
     (the map's name) and ``secret_field`` (where credentials go)."""
-
-    def found(options: dict[str, str]) -> list[str]:
-        return [key for key in options if is_credential(key.lower())]
-
-    return Rule(
-        f"self.all(k, !({cel_is_credential}))",
-        lambda v: not found(v),
+    return refuse_keys(
+        cel_is_credential,
+        lambda key: is_credential(key.lower()),
         f"{field} must not hold credentials: put them in a Secret named by {secret_field}",
-        message_expression=f"'{field}.' + self.filter(k, {cel_is_credential})[0] + "
-        f"' is a credential: put it in a Secret and name the Secret in {secret_field}'",
-        explain=lambda v: (
-            f"{field}.{found(v)[0]} is a credential: put it in a Secret "
-            f"and name the Secret in {secret_field}"
-        ),
+        before=f"{field}.",
+        after=f" is a credential: put it in a Secret and name the Secret in {secret_field}",
+    )
+
+
+def refuse_owned(owned: OwnedKeys) -> Rule:
+    """A rule on a map of settings: none of the keys eop owns there (see
+    :mod:`eop_spark.contract.owned_settings`), the refusal naming the first one."""
+    return refuse_keys(
+        owned.cel_owns(),
+        owned.owns,
+        f"{owned.field} must not hold settings eop owns",
+        before=f"{owned.field}: ",
+        after=owned.reason,
     )
 
 
@@ -288,6 +327,13 @@ _NO_CREDENTIALS_DOC = (
 )
 #: Client properties: bounded, so the API server's CEL cost estimate stays within budget.
 ClientOptions = Annotated[dict[str, str], Field(max_length=100), NO_CREDENTIALS]
+#: The source's and the sink's client properties: none of eop's own either.
+SourceOptions = Annotated[ClientOptions, refuse_owned(SOURCE_OPTIONS)]
+SinkOptions = Annotated[ClientOptions, refuse_owned(SINK_OPTIONS)]
+
+
+def _owned_doc(owned: OwnedKeys) -> str:
+    return f" Settings eop owns are refused: {owned.summary}."
 
 
 def python_regex_error(pattern: str) -> str | None:
@@ -297,6 +343,15 @@ def python_regex_error(pattern: str) -> str | None:
     except re.error as exc:
         return str(exc)
     return None
+
+
+def _distinct_topics(topics: list[str]) -> list[str]:
+    seen: set[str] = set()
+    for index, topic in enumerate(topics):
+        if topic in seen:
+            raise ValueError(f"topics[{index}]: Duplicate value: {topic!r}")
+        seen.add(topic)
+    return topics
 
 
 class KafkaSource(SpecModel):
@@ -309,11 +364,14 @@ class KafkaSource(SpecModel):
         max_length=2000,
         description="Comma-separated host:port list of the source cluster (ports 1-65535).",
     )
-    topics: list[Topic] | None = Field(
+    topics: Annotated[list[Topic], AfterValidator(_distinct_topics)] | None = Field(
         default=None,
         min_length=1,
         max_length=1000,
-        description="Topics to read (Kafka topic names: letters, digits, '.', '_', '-').",
+        # The API server refuses a list with a name twice (naming the entry).
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+        description="Topics to read (Kafka topic names: letters, digits, '.', '_', '-'), each "
+        "once.",
     )
     topic_pattern: Annotated[str, TOPIC_REGEX] | None = Field(
         default=None,
@@ -336,10 +394,11 @@ class KafkaSource(SpecModel):
     max_offsets_per_trigger: int | None = Field(
         default=None, ge=1, description="Upper bound of records read per micro-batch."
     )
-    options: ClientOptions = Field(
+    options: SourceOptions = Field(
         default_factory=dict,
         description="Extra Kafka consumer properties (without the kafka. prefix)."
-        + _NO_CREDENTIALS_DOC,
+        + _NO_CREDENTIALS_DOC
+        + _owned_doc(SOURCE_OPTIONS),
     )
     secret_ref: SecretRef | None = Field(
         default=None,
@@ -468,7 +527,7 @@ class KafkaSink(SpecModel):
         default="60s",
         description="Kafka transaction.timeout.ms of the sink producers; at least 1s.",
     )
-    options: ClientOptions = Field(
+    options: SinkOptions = Field(
         default_factory=dict,
         description=(
             "Extra Kafka producer properties, librdkafka's names. Partitioned mode's tasks use "
@@ -476,7 +535,8 @@ class KafkaSink(SpecModel):
             "librdkafka knows (other than the SASL user name and password) keeps them on "
             "librdkafka."
         )
-        + _NO_CREDENTIALS_DOC,
+        + _NO_CREDENTIALS_DOC
+        + _owned_doc(SINK_OPTIONS),
     )
     secret_ref: SecretRef | None = Field(
         default=None,
@@ -499,8 +559,9 @@ class TriggerSpec(SpecModel):
 
     at_most_one_of = (("processing_time", "available_now"),)
 
-    processing_time: Duration | None = Field(
-        default=None, description="Micro-batch interval, e.g. 10s (default when nothing is set)."
+    processing_time: Annotated[Duration, at_least("trigger.processingTime", "1ms")] | None = Field(
+        default=None,
+        description="Micro-batch interval, e.g. 10s (default when nothing is set); more than 0.",
     )
     available_now: bool = Field(default=False, description="Process what is available, then stop.")
 
@@ -509,14 +570,43 @@ class TriggerSpec(SpecModel):
         return duration_ms(self.processing_time or DEFAULT_TRIGGER_INTERVAL)
 
 
+#: Spark's memory notation as the spec takes it: a number and a unit, k, m, g or t.
+SPARK_MEMORY_PATTERN = r"^[0-9]+[kmgt]$"
+_SPARK_MEMORY_KIB = {"k": 1, "m": 1024, "g": 1024**2, "t": 1024**3}
+#: The smallest heap the spec takes: Spark refuses a JVM with less than 450 MiB, and what a
+#: JVM reports of its -Xmx is a little less than -Xmx.
+MIN_SPARK_MEMORY = "512m"
+
+
+def spark_memory_kib(memory: str) -> int:
+    """A memory setting of :data:`SPARK_MEMORY_PATTERN` in KiB."""
+    return int(memory[:-1]) * _SPARK_MEMORY_KIB[memory[-1]]
+
+
+_CEL_SPARK_MEMORY_KIB = "{" + ", ".join(f"'{u}': {k}" for u, k in _SPARK_MEMORY_KIB.items()) + "}"
+SPARK_MEMORY = Rule(
+    f"!self.matches(r'{SPARK_MEMORY_PATTERN}') || int(self.substring(0, size(self) - 1)) * "
+    f"{_CEL_SPARK_MEMORY_KIB}[self.substring(size(self) - 1)] >= "
+    f"{spark_memory_kib(MIN_SPARK_MEMORY)}",
+    lambda v: (
+        re.fullmatch(SPARK_MEMORY_PATTERN, v) is None
+        or spark_memory_kib(v) >= spark_memory_kib(MIN_SPARK_MEMORY)
+    ),
+    f"Spark memory must be at least {MIN_SPARK_MEMORY}: Spark refuses a smaller heap",
+)
+
+
 class ResourceSpec(SpecModel):
     """CPU and memory of a Spark process, as Kubernetes quantities."""
 
     cores: int = Field(default=1, ge=1, le=64, description="CPU cores.")
-    memory: str = Field(
+    memory: Annotated[str, SPARK_MEMORY] = Field(
         default="1g",
-        pattern=r"^[0-9]+[kmgt]$",
-        description="JVM heap in Spark notation, e.g. 1g, 512m.",
+        # At most 9 digits: the API server's arithmetic on it stays within 64 bits.
+        max_length=10,
+        pattern=SPARK_MEMORY_PATTERN,
+        description="JVM heap in Spark notation (k, m, g, t: 512m, not 512Mi), at least "
+        f"{MIN_SPARK_MEMORY}, e.g. 1g.",
     )
 
 
@@ -526,14 +616,12 @@ class ExecutorSpec(ResourceSpec):
     instances: int = Field(default=1, ge=1, le=1000, description="Number of executors.")
 
 
-#: Spark settings that keep the RPC between driver and executors authenticated and encrypted.
-RPC_SECURITY_SETTINGS = ("spark.authenticate", "spark.network.crypto.enabled")
-#: A Spark setting that holds the RPC secret itself: never in a spec (see docs/security.md).
-RPC_SECRET_SETTING = "spark.authenticate.secret"
-
-
 def _on_kubernetes(master: str) -> bool:
     return master.startswith("k8s://")
+
+
+#: Entries of spark.conf: bounded, so the API server's CEL cost estimate stays within budget.
+MAX_SPARK_CONF = 200
 
 
 class SparkSpec(SpecModel):
@@ -548,27 +636,6 @@ class SparkSpec(SpecModel):
             "in the driver pod",
             field_path=".executor.instances",
         ),
-        Rule(
-            "!self.master.startsWith('k8s://') || !has(self.conf) || "
-            + " && ".join(
-                f"(!('{key}' in self.conf) || self.conf['{key}'] == 'true')"
-                for key in RPC_SECURITY_SETTINGS
-            ),
-            lambda s: (
-                not _on_kubernetes(s.master)
-                or all(s.conf.get(key, "true") == "true" for key in RPC_SECURITY_SETTINGS)
-            ),
-            f"spark.conf must not turn off {' or '.join(RPC_SECURITY_SETTINGS)} with a k8s:// "
-            "master: executors talk to the driver authenticated and encrypted",
-            field_path=".conf",
-        ),
-        Rule(
-            f"!has(self.conf) || !('{RPC_SECRET_SETTING}' in self.conf)",
-            lambda s: RPC_SECRET_SETTING not in s.conf,
-            f"spark.conf must not hold {RPC_SECRET_SETTING}: a secret would be stored in the "
-            "pipeline and its ConfigMap (eop mounts a per-pipeline Secret instead)",
-            field_path=".conf",
-        ),
     )
 
     master: str = Field(
@@ -580,7 +647,13 @@ class SparkSpec(SpecModel):
     executor: ExecutorSpec = Field(
         default_factory=ExecutorSpec, description="Executor resources and count (k8s master)."
     )
-    conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark configuration.")
+    conf: Annotated[dict[str, str], Field(max_length=MAX_SPARK_CONF), refuse_owned(SPARK_CONF)] = (
+        Field(
+            default_factory=dict,
+            description="Extra Spark configuration. Settings eop owns are refused (see "
+            f"docs/security.md): {SPARK_CONF.summary}.",
+        )
+    )
 
     @property
     def on_kubernetes(self) -> bool:

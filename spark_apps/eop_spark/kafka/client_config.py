@@ -21,14 +21,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from eop_spark.contract.errors import ConfigError
+from eop_spark.contract.owned_settings import SINK_OPTIONS, SOURCE_OPTIONS, OwnedKeys
 from eop_spark.contract.run_config import RunConfig
 from eop_spark.contract.spec import KafkaSink, KafkaSource, duration_ms
 
 log = logging.getLogger(__name__)
 
-#: Properties the runner owns: setting them would break exactly-once.
-_SOURCE_OWNED = {"isolation.level": "read_committed", "enable.auto.commit": "false"}
-_SINK_FORBIDDEN = ("transactional.id", "enable.idempotence", "transaction.timeout.ms")
 
 # Java client properties librdkafka refuses with other messages than "no such property".
 _JAVA_ONLY_PREFIXES = ("ssl.truststore.", "ssl.keystore.", "sasl.jaas.config", "sasl.login.")
@@ -96,15 +94,26 @@ SOURCE_MAX_POLL_RECORDS = 100_000
 SOURCE_FETCH_MAX_WAIT_MS = 10
 
 
+def refuse_owned(
+    side: str, options: Mapping[str, str], secret: Mapping[str, str], owned: OwnedKeys
+) -> None:
+    """Raise ConfigError naming the first property of ``side`` (source, sink) that eop owns.
+
+    The API server and the spec's models refuse them in options already; a run
+    configuration not made from a spec could still hold one, and a Secret's keys are
+    seen only here.
+    """
+    for where, props in ((f"{side}.kafka.options", options), (f"the {side}'s Secret", secret)):
+        for key in props:
+            if owned.owns(key):
+                raise ConfigError(owned.refusal(key, where))
+
+
 def spark_source_options(config: RunConfig) -> dict[str, str]:
     """Options of Spark's Kafka source, except ``startingOffsets`` (chosen by the runner)."""
     kafka = config.source.kafka
-    for key, required in _SOURCE_OWNED.items():
-        value = kafka.options.get(key)
-        if value is not None and value != required:
-            raise ConfigError(
-                f"source option {key}={value} is not allowed: exactly-once needs {key}={required}"
-            )
+    secret = secret_client_properties(_source_secret(config))
+    refuse_owned("source", kafka.options, secret, SOURCE_OPTIONS)
     options = {
         "kafka.bootstrap.servers": kafka.bootstrap_servers,
         "kafka.isolation.level": "read_committed",
@@ -131,7 +140,6 @@ def spark_source_options(config: RunConfig) -> dict[str, str]:
         options["subscribePattern"] = kafka.subscribed_pattern
     if kafka.max_offsets_per_trigger is not None:
         options["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)
-    secret = secret_client_properties(_source_secret(config))
     for key, value in java_client_properties({**kafka.options, **secret}).items():
         options[f"kafka.{key}"] = value
     return options
@@ -175,9 +183,7 @@ def sink_java_config(config: RunConfig) -> dict[str, str]:
 
 
 def _sink_properties(kafka: KafkaSink, secret: Mapping[str, str]) -> dict[str, str]:
-    for key in _SINK_FORBIDDEN:
-        if key in kafka.options:
-            raise ConfigError(f"sink option {key} is set by the runner and cannot be overridden")
+    refuse_owned("sink", kafka.options, secret, SINK_OPTIONS)
     return {
         "bootstrap.servers": kafka.bootstrap_servers,
         **kafka.options,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import eop_spark
+from eop_spark.contract.owned_settings import RPC_SECURITY_CONF, SPARK_CONF
 from eop_spark.contract.run_config import SCRATCH_ENV, RunConfig
 from eop_spark.exactly_once.offsets_log import is_local
 from eop_spark.exactly_once.partitioned import jvm_writer
@@ -69,7 +70,10 @@ def session_conf(
 ) -> dict[str, str]:
     """The Spark configuration of a run: the runner's defaults, then ``spec.spark.conf``.
 
-    ``java_options`` go to the driver JVM after the runner's own (before the user's).
+    Of the settings eop owns (:data:`~eop_spark.contract.owned_settings.SPARK_CONF`), the
+    runner's values hold over ``spec.spark.conf``: a spec may not hold them, but a run
+    configuration not made by eop could. ``java_options`` go to the driver JVM after the
+    runner's own (before the user's).
     """
     spark = config.spark
     conf = {
@@ -89,6 +93,8 @@ def session_conf(
         # Any other byte limit than Int.MaxValue (Spark 4.0's default is 256 MB) makes the
         # JVM measure the Arrow batch after every row it adds: a fifth of the driver's CPU.
         "spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1),
+        # Whoever reaches the UI cannot stop the query's jobs from there.
+        "spark.ui.killEnabled": "false",
     }
     if os.environ.get(worker_daemon.NO_WORKER_DAEMON_ENV) != "1":
         # Python workers fork from eop's daemon: it keeps Spark's zips off their path and
@@ -111,6 +117,7 @@ def session_conf(
         conf["spark.sql.streaming.checkpointFileManagerClass"] = OBJECT_STORE_CHECKPOINTS
     if spark.on_kubernetes:
         conf |= {
+            **RPC_SECURITY_CONF,
             # What the driver JVM gets from build_session (see eop_spark.speedups.malloc_tuning).
             f"spark.executorEnv.{TUNABLES_ENV}": glibc_tunables(),
             "spark.executor.instances": str(spark.executor.instances),
@@ -128,7 +135,8 @@ def session_conf(
         user["spark.driver.extraJavaOptions"] = (
             f"{conf['spark.driver.extraJavaOptions']} {user['spark.driver.extraJavaOptions']}"
         )
-    return conf | user
+    owned = {key: value for key, value in conf.items() if SPARK_CONF.owns(key)}
+    return conf | user | owned
 
 
 def prepare_scratch() -> Path | None:

@@ -129,3 +129,27 @@ def test_scratch_is_created_and_user_local_dirs_win(
     assert os.environ["SPARK_LOCAL_DIRS"] == "/data/spark"
     monkeypatch.delenv(SCRATCH_ENV)
     assert prepare_scratch() is None
+
+
+def test_the_runners_own_settings_hold_over_a_run_configuration_not_made_by_eop() -> None:
+    # A spec cannot hold these (the API server refuses them); a hand-written run.json could.
+    mine = {
+        "spark.master": "local[64]",
+        "spark.driver.memory": "64g",
+        "spark.driver.bindAddress": "0.0.0.0",
+        "spark.ui.killEnabled": "true",
+        "spark.sql.shuffle.partitions": "64",
+    }
+    local = make_config(spark={"master": "local[3]", "driver": {"memory": "2g"}, "conf": mine})
+    conf = session_conf(local, [], Path("/tmp/l.properties"))
+    assert conf["spark.master"] == "local[3]"
+    assert conf["spark.driver.memory"] == "2g"
+    assert conf["spark.driver.bindAddress"] == "127.0.0.1"
+    assert conf["spark.ui.killEnabled"] == "false"
+    assert conf["spark.sql.shuffle.partitions"] == "64"  # not eop's: the user's wins
+    # With executors as pods, their RPC stays authenticated and encrypted.
+    off = {"spark.authenticate": "false", "spark.network.crypto.enabled": "false"}
+    pods = make_config(spark={"master": "k8s://https://api:6443", "conf": off})
+    conf = session_conf(pods, [], Path("/tmp/l.properties"))
+    assert conf["spark.authenticate"] == conf["spark.network.crypto.enabled"] == "true"
+    assert conf["spark.io.encryption.enabled"] == "true"
