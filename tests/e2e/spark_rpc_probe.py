@@ -9,7 +9,7 @@ on the host network) and, as a script, from a pod on another node of the multi-n
 
 prints one JSON object: for a client without a key, one with a wrong key and (with
 ``--key-file``, the Secret's file) one with the key, ``null`` when the driver answered, else
-the error. Only pyspark and ``eop_operator.render.executors`` (both in the image) are needed.
+the error. Only pyspark and ``eop_spark.contract.owned_settings`` (both in the image) are needed.
 """
 
 from __future__ import annotations
