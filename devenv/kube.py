@@ -799,6 +799,32 @@ class ControlPlane(Service):
             time.sleep(0.2)
         raise self._fail(proc, f"{path} missing after {self.start_timeout:.0f}s: {last}")
 
+    def dry_run_create(self, path: str, obj: Mapping[str, Any]) -> tuple[int, str]:
+        """POST ``obj`` to ``path`` (``/apis/GROUP/VERSION/namespaces/NS/PLURAL``) as the admin,
+        validated as ``kubectl apply`` is (strict field validation) and stored nowhere
+        (``dryRun=All``): the HTTP status and the API server's message.
+
+        One request in this process, where ``kubectl`` would start a process and ask for
+        discovery first: for tests that try many manifests.
+        """
+        request = urllib.request.Request(
+            f"{self.server}{path}?dryRun=All&fieldValidation=Strict",
+            data=json.dumps(obj).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        ctx = ssl.create_default_context(cafile=str(self.ca_cert))
+        ctx.load_cert_chain(self.pki_dir / "admin.crt", self.pki_dir / "admin.key")
+        try:
+            with urllib.request.urlopen(request, timeout=30, context=ctx) as resp:
+                return int(resp.status), ""
+        except urllib.error.HTTPError as exc:
+            body = exc.read().decode(errors="replace")
+            try:
+                return exc.code, str(json.loads(body).get("message", body))
+            except json.JSONDecodeError:
+                return exc.code, body
+
     def _get(self, url: str) -> tuple[int, str]:
         """GET ``url``; the apiserver is verified and sees the admin client cert."""
         if url.startswith(self.server):
