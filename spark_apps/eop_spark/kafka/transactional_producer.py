@@ -1,6 +1,7 @@
 """A confluent-kafka transactional producer with the error handling its docs prescribe.
 
-* retriable errors (``KafkaError.retriable()``): call the same API again;
+* retriable errors (``KafkaError.retriable()``): call the same API again, until the
+  call's timeout; then the batch may be tried again, with a new producer;
 * abortable errors (``txn_requires_abort()``): abort the transaction; the
   producer stays usable and the batch can be tried again;
 * fatal errors (``fatal()``, e.g. fenced by a newer holder of the id): the
@@ -171,6 +172,13 @@ class TransactionalProducer:
             self._fatal = error
             raise SinkRetryable(text)
         if error is not None and error.txn_requires_abort():
+            raise SinkRetryable(text)
+        if error is not None and error.retriable():
+            # Still retriable at the call's timeout: a broker (a coordinator, a leader) is
+            # away for longer, as in a rolling restart on a busy cluster. The batch may be
+            # tried again, with a new producer: this one may be midway through the call,
+            # and a new one's init_transactions completes or aborts what it left open.
+            self._fatal = error
             raise SinkRetryable(text)
         raise PipelineFailed(text)
 
