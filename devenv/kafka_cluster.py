@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
+import subprocess
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -314,10 +315,7 @@ class KafkaCluster(KafkaClients, Service):
 
         Not the ``controller`` of a metadata response: in KRaft mode that is a random broker.
         """
-        up = next((n for n in self.nodes if n.running), None)
-        if up is None:
-            raise KafkaBrokerError("no node runs")
-        result = up.run_tool(
+        result = self.run_tool(
             METADATA_QUORUM_TOOL,
             *("--bootstrap-server", self.bootstrap_servers, "describe", "--status"),
             check=True,
@@ -326,3 +324,19 @@ class KafkaCluster(KafkaClients, Service):
         if found is None:
             raise KafkaBrokerError(f"no LeaderId in {result.stdout!r}")
         return int(found.group(1))
+
+    def run_tool(
+        self,
+        main_class: str,
+        *args: str,
+        timeout: float = 120.0,
+        check: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a Kafka CLI tool class as :meth:`KafkaBroker.run_tool` does, from a running node.
+
+        Pass ``--bootstrap-server`` yourself (``bootstrap_servers`` names every node).
+        """
+        up = next((n for n in self.nodes if n.running), None)
+        if up is None:
+            raise KafkaBrokerError("no node runs")
+        return up.run_tool(main_class, *args, timeout=timeout, check=check)

@@ -32,6 +32,7 @@ from confluent_kafka import (
 )
 
 from devenv.kafka import CONSUMER_GROUPS_TOOL, KafkaBroker, until_coordinator_ready
+from devenv.kafka_cluster import KafkaCluster
 from devenv.s3 import S3Server
 from eop_spark.contract.run_config import SCRATCH_ENV
 
@@ -312,11 +313,12 @@ class ObjectStoreCheckpoints:
 class Pipeline:
     """One pipeline under test: topics, run config, runners, and output checks.
 
-    The source topic is on ``broker``; the sink topic on ``sink_broker`` when
-    it is given (another Kafka cluster), else on ``broker`` too.
+    The source topic is on ``broker`` (one broker, or a replicated :class:`KafkaCluster`);
+    the sink topic on ``sink_broker`` when it is given (another Kafka cluster), else on
+    ``broker`` too.
     """
 
-    broker: KafkaBroker
+    broker: KafkaBroker | KafkaCluster
     work: Path
     source_topic: str
     sink_topic: str
@@ -327,7 +329,7 @@ class Pipeline:
     sink_broker: KafkaBroker | None = None
 
     @property
-    def sink(self) -> KafkaBroker:
+    def sink(self) -> KafkaBroker | KafkaCluster:
         """The broker of the sink topic, where G lives."""
         return self.sink_broker or self.broker
 

@@ -1,6 +1,7 @@
 """A confluent-kafka transactional producer with the error handling its docs prescribe.
 
-* retriable errors (``KafkaError.retriable()``): call the same API again;
+* retriable errors (``KafkaError.retriable()``): call the same API again, until the
+  call's timeout; then the batch may be tried again, with a new producer;
 * abortable errors (``txn_requires_abort()``): abort the transaction; the
   producer stays usable and the batch can be tried again;
 * fatal errors (``fatal()``, e.g. fenced by a newer holder of the id): the
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, TypeVar
@@ -50,6 +52,12 @@ T = TypeVar("T")
 _LIBRDKAFKA_LOG = logging.getLogger("eop_spark.librdkafka.producer")
 _LIBRDKAFKA_LOG.addHandler(logging.NullHandler())
 _LIBRDKAFKA_LOG.propagate = False
+
+#: How long past its own timeout a librdkafka call may block before the producer is given up.
+OVERRUN_S = 5.0
+#: Producers given up in a call that blocked past its timeout: referenced for good, since
+#: destroying a client while a call runs in it is not safe (one per such event).
+_ABANDONED: list[Any] = []
 
 
 class ArrowQueue(Protocol):
@@ -124,6 +132,7 @@ class TransactionalProducer:
 
         self.transactional_id: str = str(conf["transactional.id"])
         self._fatal: Any = None
+        self._abandoned = False
         self.in_transaction = False
         self._producer = Producer({**conf, "error_cb": self._on_error, "logger": _LIBRDKAFKA_LOG})
         self._arrow_path = arrow_path
@@ -172,6 +181,13 @@ class TransactionalProducer:
             raise SinkRetryable(text)
         if error is not None and error.txn_requires_abort():
             raise SinkRetryable(text)
+        if error is not None and error.retriable():
+            # Still retriable at the call's timeout: a broker (a coordinator, a leader) is
+            # away for longer, as in a rolling restart on a busy cluster. The batch may be
+            # tried again, with a new producer: this one may be midway through the call,
+            # and a new one's init_transactions completes or aborts what it left open.
+            self._fatal = error
+            raise SinkRetryable(text)
         raise PipelineFailed(text)
 
     def _call(self, fn: Callable[[float], T], what: str, timeout: float) -> T:
@@ -189,6 +205,38 @@ class TransactionalProducer:
                     self._raise(error, what)
                     raise  # unreachable: _raise always raises
                 time.sleep(0.1)
+
+    def _bounded(self, call: Callable[[], T], timeout: float, what: str) -> T:
+        """``call()`` (a librdkafka call given ``timeout``), given up ``OVERRUN_S`` after it.
+
+        A call that is still blocked then leaves this producer dead (a new one's
+        ``init_transactions`` fences it) and fails the batch, which may be tried again.
+        """
+        outcome: list[Any] = []
+
+        def run() -> None:
+            try:
+                outcome.append((True, call()))
+            except BaseException as exc:
+                outcome.append((False, exc))
+
+        worker = threading.Thread(target=run, name=f"eop-{what}", daemon=True)
+        worker.start()
+        worker.join(timeout + OVERRUN_S)
+        if not outcome:
+            from confluent_kafka import KafkaError
+
+            text = f"{what} blocked for {timeout + OVERRUN_S:.0f}s, past its timeout"
+            self._fatal = KafkaError(KafkaError._TIMED_OUT, text, fatal=True)
+            self._abandoned = True
+            raise SinkRetryable(
+                f"{text} (transactional id {self.transactional_id!r}): a new producer takes over"
+            )
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        result: T = value
+        return result
 
     def begin(self) -> None:
         """Begin a transaction."""
@@ -223,8 +271,14 @@ class TransactionalProducer:
             TopicPartition(t, p, o, metadata=marker)
             for (t, p), o in sorted(names.stored(offsets).items())
         ]
+        # librdkafka 2.16 can block in this call past its timeout when G's coordinator went
+        # away (confluentinc/librdkafka#5456, #5511): it is bounded here.
         self._call(
-            lambda t: self._producer.send_offsets_to_transaction(positions, group_metadata, t),
+            lambda t: self._bounded(
+                lambda: self._producer.send_offsets_to_transaction(positions, group_metadata, t),
+                t,
+                "send_offsets_to_transaction",
+            ),
             "send_offsets_to_transaction",
             timeout,
         )
@@ -380,6 +434,10 @@ class TransactionalProducer:
 
         if not hasattr(self, "_producer"):
             return  # closed already
+        if self._abandoned:  # a call may still run in it
+            _ABANDONED.append(self._producer)
+            del self._producer
+            return
         try:
             self._producer.purge()
             self._producer.flush(0)

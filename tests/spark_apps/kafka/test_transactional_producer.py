@@ -1,0 +1,58 @@
+"""The transactional producer's errors: what a broker that stays away costs a batch."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from devenv.kafka import KafkaBroker
+from eop_spark.contract.errors import SinkRetryable
+from eop_spark.contract.progress_names import ProgressNames
+from eop_spark.kafka.transactional_producer import OVERRUN_S, TransactionalProducer
+
+#: Nothing listens here: every call times out with librdkafka's retriable ``_TIMED_OUT``.
+NOBODY = "127.0.0.1:9"
+
+
+def test_a_broker_away_past_the_call_timeout_fails_the_batch_not_the_runner() -> None:
+    """A coordinator that is restarting for longer than the call's timeout (a rolling restart
+    on a busy cluster) leaves an error the batch may retry with a new producer; it does not
+    stop the runner."""
+    with pytest.raises(SinkRetryable, match=r"init_transactions .*_TIMED_OUT"):
+        TransactionalProducer({"bootstrap.servers": NOBODY, "transactional.id": "t"}, timeout=1)
+
+
+@pytest.mark.kafka
+def test_a_call_blocked_past_its_timeout_gives_the_producer_up(
+    kafka_broker: KafkaBroker, kafka_topic: str
+) -> None:
+    """librdkafka's send_offsets_to_transaction can block past its timeout once G's
+    coordinator went away (confluentinc/librdkafka#5456, #5511): the batch fails in time, and
+    the producer is given up (a new one fences it)."""
+    conf = kafka_broker.client_config({"transactional.id": f"t-{uuid.uuid4().hex[:8]}"})
+    producer = TransactionalProducer(conf, timeout=30)
+    release = threading.Event()
+    real = producer._producer
+
+    class Blocked:
+        def send_offsets_to_transaction(self, *_: Any) -> None:
+            release.wait()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    producer._producer = Blocked()
+    producer.begin()
+    started = time.monotonic()
+    try:
+        with pytest.raises(SinkRetryable, match=r"blocked for .* past its timeout"):
+            producer.send_offsets({(kafka_topic, 0): 1}, None, names=ProgressNames("g"), timeout=1)
+        assert time.monotonic() - started < 1 + OVERRUN_S + 2
+        assert not producer.usable
+        producer.close()
+    finally:
+        release.set()
