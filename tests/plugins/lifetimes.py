@@ -30,7 +30,9 @@ COMPONENTS = (
     "_nodes_cluster_session",
 )
 
-_last_use: dict[str, str] = {}
+#: Per session (a pytest run inside a test, as ``pytester``'s, has its own): fixture name ->
+#: the node id of its last user.
+_LAST_USE = pytest.StashKey[dict[str, str]]()
 
 
 def stage_of(item: pytest.Item) -> int:
@@ -52,7 +54,7 @@ def stage_of(item: pytest.Item) -> int:
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Order the modules by stage (stable), then note each component's last user."""
     modules: dict[Path, list[pytest.Item]] = {}
     for item in items:
@@ -60,11 +62,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     stages = {path: max(stage_of(i) for i in module) for path, module in modules.items()}
     ordered = sorted(modules, key=lambda path: stages[path])  # sorted() is stable
     items[:] = [item for path in ordered for item in modules[path]]
-    _last_use.clear()
+    last_use = config.stash[_LAST_USE] = {}
     for item in items:
         for name in COMPONENTS:
             if name in getattr(item, "fixturenames", ()):
-                _last_use[name] = item.nodeid
+                last_use[name] = item.nodeid
 
 
 @pytest.hookimpl(wrapper=True)
@@ -73,10 +75,11 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     result = yield
     if nextitem is None:  # the session's end tears everything down anyway
         return result
-    for name, last in list(_last_use.items()):
+    last_use = item.config.stash.get(_LAST_USE, {})
+    for name, last in list(last_use.items()):
         if last != item.nodeid:
             continue
-        del _last_use[name]
+        del last_use[name]
         definitions = item._fixtureinfo.name2fixturedefs.get(name)  # type: ignore[attr-defined]
         if definitions:
             definitions[-1].finish(item._request)  # type: ignore[attr-defined]
