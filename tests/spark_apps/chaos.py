@@ -21,12 +21,6 @@ from devenv.runners import Pipeline, Runner, produce
 from tests.spark_apps.runs import BATCHES_PER_KILL, assert_exactly_once, finish, kill_repeatedly
 
 
-def records_for(kills: int, per_batch: int) -> int:
-    """The fewest records a scenario with ``kills`` kills needs: every killed runner may log
-    :data:`BATCHES_PER_KILL` batches, and the last runner gets two batches of its own."""
-    return (kills * BATCHES_PER_KILL + 2) * per_batch
-
-
 def seeded() -> random.Random:
     """A random generator for a scenario's kills, its seed printed (pytest shows it on failure)."""
     seed = random.randrange(1 << 30)

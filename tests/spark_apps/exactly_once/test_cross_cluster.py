@@ -30,10 +30,10 @@ from tests.spark_apps.runs import assert_exactly_once
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
+RECORDS = 40_000
 KILLS = 4
 #: Offsets per batch: the input must outlast every kill (see kill_repeatedly).
 PER_BATCH = 2_000
-RECORDS = chaos.records_for(KILLS, PER_BATCH)
 
 
 def across_clusters(make_pipeline: PipelineFactory, other: KafkaBroker) -> Pipeline:
