@@ -2,9 +2,9 @@
 
 * ``local_cluster`` (session): the cluster in ``$EOP_CLUSTER_DIR`` (default
   ``~/.cache/eop/cluster``), started if it is not running, with the current images built and
-  imported. A cluster this session started is stopped after its last test (its data stays, so
-  the next start is warm; ``tests/plugins/lifetimes.py``) unless ``EOP_E2E_KEEP_CLUSTER=1``;
-  one that was already running is left running. Pipelines a killed demo left are deleted
+  imported. A cluster this session started is stopped at the end (its data stays, so the next
+  start is warm) unless ``EOP_E2E_KEEP_CLUSTER=1``; one that was already running is left
+  running. Pipelines a killed demo left are deleted
   first.
 * ``e2e_namespace`` (function): a fresh namespace, deleted after the test.
 

@@ -19,15 +19,14 @@ from pathlib import Path
 
 import pytest
 
-#: Session fixtures that start a real component, released after their last user.
+#: Session fixtures that start a real component, released after their last user. (The local
+#: clusters run in the last two stages; they stop when the session ends.)
 COMPONENTS = (
     "control_plane",
     "short_retention_broker",
     "other_cluster_broker",
     "kafka_cluster",
     "s3_server",
-    "local_cluster",
-    "_nodes_cluster_session",
 )
 
 #: Per session (a pytest run inside a test, as ``pytester``'s, has its own): fixture name ->
