@@ -36,6 +36,7 @@ from typing import Any, Self, TypeVar
 
 from devenv.certs import make_certs
 from devenv.processes import (
+    QUICK_JVM_OPTIONS,
     Service,
     die_with_parent,
     distinct_free_ports,
@@ -428,6 +429,7 @@ class KafkaBroker(KafkaClients, Service):
     def _java(self, heap: str, log4j2: Path, main_class: str, *args: str) -> list[str]:
         return [
             "java",
+            *QUICK_JVM_OPTIONS,
             f"-Xmx{heap}",
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={log4j2}",
@@ -438,14 +440,12 @@ class KafkaBroker(KafkaClients, Service):
         ]
 
     def _tool_java(self, main_class: str, *args: str) -> list[str]:
-        """A short-lived tool JVM: small heap, quick startup, warnings only on stderr."""
+        """A short-lived tool JVM: small heap, warnings only on stderr."""
         log4j2 = self.work_dir / "tools-log4j2.properties"
         if not log4j2.exists():
             self.work_dir.mkdir(parents=True, exist_ok=True)
             log4j2.write_text(_LOG4J2_TOOLS)
-        cmd = self._java("512m", log4j2, main_class, *args)
-        cmd[1:1] = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
-        return cmd
+        return self._java("512m", log4j2, main_class, *args)
 
     def _write_configs(self) -> Path:
         self.work_dir.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,7 @@ from confluent_kafka import (
 
 from devenv.kafka import CONSUMER_GROUPS_TOOL, KafkaBroker, until_coordinator_ready
 from devenv.kafka_cluster import KafkaCluster
+from devenv.processes import QUICK_JVM_OPTIONS
 from devenv.s3 import S3Server
 from eop_spark.contract.run_config import SCRATCH_ENV
 
@@ -77,6 +78,8 @@ def runner_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     env.pop("EOP_TERMINATION_LOG", None)
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a crash of the runner leaves a trace
+    # The Spark driver's JVM (spark-submit adds these to its command line).
+    env.setdefault("SPARK_SUBMIT_OPTS", " ".join(QUICK_JVM_OPTIONS))
     env.update(extra or {})
     return env
 
