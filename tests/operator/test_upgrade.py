@@ -547,19 +547,10 @@ def test_a_status_of_an_older_operator_restarts_only_in_last_state_and_only_when
     assert new.record.upgrade.generation == 2
 
 
-def test_a_spec_change_before_the_operator_upgrades_driver_starts_restarts_in_the_users_mode() -> (
-    None
-):
-    wal = UpgradeStatus(
-        from_hash="v1-g0",
-        to_hash="r2-g0",
-        mode=UpgradeMode.LAST_STATE,
-        step=UpgradeStep.STOPPING,
-        generation=0,
-        reason="OperatorUpgrade",
-        started_at=stamp(NOW),
-    )
-    s = situation(steady(upgrade=wal), running("v1-g0", replicas=0), version="v2")
+def test_a_spec_edit_before_an_operator_upgrades_driver_starts_restarts_in_the_users_mode() -> None:
+    stopping = starting("r2-g0", step=UpgradeStep.STOPPING, reason="OperatorUpgrade")
+    status = stopping.model_copy(update={"spec_hash": "v1-g0"})
+    s = situation(status, running("v1-g0", replicas=0), version="v2")
     decision = decide(dataclasses.replace(s, upgrade=UpgradeSpec(mode=UpgradeMode.STATELESS)))
     new = decision.record.upgrade
     assert new is not None and new.reason == "SpecChanged"
@@ -578,15 +569,8 @@ def test_an_operator_upgrade_never_falls_back_to_a_new_generation() -> None:
 
 
 def test_an_operator_upgrade_holds_its_slot_until_ready_or_timed_out() -> None:
-    def wal(step: UpgradeStep, reason: str = "OperatorUpgrade") -> UpgradeStatus:
-        return UpgradeStatus(
-            to_hash="r2-g0",
-            mode=UpgradeMode.LAST_STATE,
-            step=step,
-            generation=0,
-            reason=reason,
-            started_at=stamp(NOW),
-        )
+    def wal(step: UpgradeStep, reason: str = "OperatorUpgrade") -> UpgradeStatus | None:
+        return starting("r2-g0", step=step, reason=reason).upgrade
 
     spec = UpgradeSpec(readiness_timeout="1m")
     later = NOW + datetime.timedelta(minutes=2)
