@@ -127,6 +127,7 @@ class Lifecycle:
                         self.context, observed, subject, render, memory, departed
                     )
                 except refusable as exc:
+                    self.context.slots.update(key, holds=False)  # it waits for its user now
                     await refuse(self.context, body, exc)
                     wait = LOOK_SECONDS  # what made it invalid may go (another pipeline's claim)
                 if wait is not None:
