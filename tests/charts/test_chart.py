@@ -248,6 +248,16 @@ def test_args_are_understood_by_eop_operator(helm: Helm, values: tuple[str, ...]
 
 
 @pytest.mark.kube
+def test_operator_upgrade_parallelism_survives_an_upgrade_with_reuse_values(helm: Helm) -> None:
+    """docs/install.md upgrades with --reuse-values: an older release's values have no
+    operatorUpgrade, and the operator still restarts one driver at a time."""
+    for value, parallelism in [("operatorUpgrade=null", 1), ("operatorUpgrade.parallelism=3", 3)]:
+        (container,) = deployment(render(helm, value))["spec"]["template"]["spec"]["containers"]
+        args = build_parser().parse_args(container["args"])
+        assert args.operator_upgrade_parallelism == parallelism, value
+
+
+@pytest.mark.kube
 def test_pipeline_policy_values_allow_node_access(helm: Helm) -> None:
     for value, flag in [
         ("pipelinePolicy.allowHostNetwork=true", "allow_host_network"),
