@@ -519,6 +519,16 @@ def test_a_rendering_change_waits_for_a_restart_slot_with_its_children_held() ->
     assert began.record.upgrade.reason == "OperatorUpgrade"
 
 
+def test_a_crash_looping_driver_waiting_for_a_restart_slot_stays_degraded() -> None:
+    failover = FailoverSpec(max_restarts=2)
+    looping = pod("r1-g0", restart_count=3, termination=Termination(4, "eop: error: [Failed] boom"))
+    driver = DriverState(exists=True, replicas=1, template_hash="v1-g0", pods=(looping,))
+    s = rendered(steady(), driver, failover=failover)
+    decision = decide(dataclasses.replace(s, restart_slot=lambda: False))
+    assert decision.hold
+    assert decision.degraded is not None and decision.degraded.reason == "CrashLoop"
+
+
 def test_a_rendering_change_of_a_driver_without_a_pod_needs_no_slot() -> None:
     suspended = running("v1-g0", replicas=0)
     s = rendered(steady(), suspended, suspend=True)

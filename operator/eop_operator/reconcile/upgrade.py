@@ -435,7 +435,12 @@ def _operator_upgrade(plan: Plan, applied: str | None) -> Decision:
         )
         if s.status.message != message:
             plan.record.message = message
-        return plan.done(Action.WAIT, requeue_after=UPGRADE_WAIT_SECONDS, hold=True)
+        return plan.done(
+            Action.WAIT,
+            requeue_after=UPGRADE_WAIT_SECONDS,
+            degraded=degradation(plan),
+            hold=True,
+        )
     return begin(plan, UpgradeMode.LAST_STATE, OPERATOR_UPGRADE, from_hash=applied)
 
 
