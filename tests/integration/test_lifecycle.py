@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -824,6 +825,23 @@ def test_a_statefulset_that_cannot_create_its_pod_says_why(
     assert p.status()["phase"] == "Degraded"
 
 
+#: The columns docs/lifecycle.md suggests to follow an operator upgrade.
+COLUMNS = (
+    "NAMESPACE:.metadata.namespace,NAME:.metadata.name,RENDERED-BY:.status.renderedBy,"
+    "UPGRADE:.status.upgrade.reason,STEP:.status.upgrade.step,MESSAGE:.status.message"
+)
+
+
+def _said_waiting(p: Pipeline, waiting: set[str]) -> dict[str, str] | None:
+    """The namespace's rows of ``COLUMNS`` by pipeline, once each of ``waiting`` says it waits."""
+    lines = p.cp.kubectl(
+        "get", "eop", "-n", p.ns, "--no-headers", "-o", f"custom-columns={COLUMNS}"
+    ).stdout.splitlines()
+    rows = {line.split()[1]: line for line in lines if line.strip()}
+    said = all("waiting for a restart slot" in rows.get(name, "") for name in waiting)
+    return rows if said else None
+
+
 def test_an_operator_upgrade_restarts_drivers_in_last_state_one_at_a_time(
     pipeline: Callable[..., Pipeline], operator: OperatorProcess
 ) -> None:
@@ -863,6 +881,10 @@ def test_an_operator_upgrade_restarts_drivers_in_last_state_one_at_a_time(
                 assert waiting.template_hash() == old[waiting.name]
                 assert (waiting.pod() or {})["metadata"]["uid"] == old_pods[waiting.name]
         assert pod["spec"]["containers"][0]["image"] == "localhost/eop-spark:new"
+        # What docs/lifecycle.md shows to follow an operator upgrade.
+        waiting = {p.name for p in pipelines} - {moving.name, *restarted}
+        rows = wait_for(partial(_said_waiting, moving, waiting), "the waiting ones to say so")
+        assert re.search(r"OperatorUpgrade\s+Starting", rows[moving.name]), rows[moving.name]
         moving.make_ready(new)
         wait_for(lambda m=moving: not m.status().get("upgrade"), "the restart to complete")
         restarted.append(moving.name)
