@@ -12,6 +12,15 @@ reads of the progress group) and, lazily, by ``eop run``, ``eop executor`` and
 in ``pyproject.toml`` hold both).
 """
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
+
+try:
+    #: The operator's version (the ``eop`` distribution's), recorded as ``status.renderedBy``.
+    __version__ = _version("eop")
+except PackageNotFoundError:  # run from a source tree that is not installed
+    __version__ = "0.0.0+unknown"
+
 #: API group, version and kind of the custom resource.
 GROUP = "exactlyonce.io"
 VERSION = "v1alpha1"

@@ -141,6 +141,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
             allow_host_network=args.allow_host_network,
             allow_host_path_volumes=args.allow_host_path_volumes,
         ),
+        operator_upgrade_parallelism=args.operator_upgrade_parallelism,
     )
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
     try:
@@ -248,6 +249,14 @@ async def _operate(args: argparse.Namespace, options: OperatorOptions) -> int:
         await endpoints.cleanup()
 
 
+def _at_least_one(text: str) -> int:
+    """An integer option that must be 1 or more."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def _add_driver_role(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--driver-role",
@@ -290,6 +299,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-host-path-volumes",
         action="store_true",
         help="run pipelines with hostPath volumes in spec.driver.volumes (refused by default)",
+    )
+    op.add_argument(
+        "--operator-upgrade-parallelism",
+        type=_at_least_one,
+        default=1,
+        metavar="N",
+        help="drivers restarting at once, in last-state, because this operator renders their "
+        "unchanged spec differently (a new operator version or default image; default 1)",
     )
     op.add_argument("--liveness", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     op.add_argument(

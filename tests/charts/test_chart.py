@@ -243,6 +243,18 @@ def test_args_are_understood_by_eop_operator(helm: Helm, values: tuple[str, ...]
     assert (args.all_namespaces, args.driver_role.kind) in [(True, "ClusterRole"), (False, "Role")]
     # Node access is refused unless the values allow it.
     assert not args.allow_host_network and not args.allow_host_path_volumes
+    # One driver at a time restarts for an operator upgrade.
+    assert args.operator_upgrade_parallelism == 1
+
+
+@pytest.mark.kube
+def test_operator_upgrade_parallelism_survives_an_upgrade_with_reuse_values(helm: Helm) -> None:
+    """docs/install.md upgrades with --reuse-values: an older release's values have no
+    operatorUpgrade, and the operator still restarts one driver at a time."""
+    for value, parallelism in [("operatorUpgrade=null", 1), ("operatorUpgrade.parallelism=3", 3)]:
+        (container,) = deployment(render(helm, value))["spec"]["template"]["spec"]["containers"]
+        args = build_parser().parse_args(container["args"])
+        assert args.operator_upgrade_parallelism == parallelism, value
 
 
 @pytest.mark.kube
@@ -559,6 +571,7 @@ def test_driver_pod_monitor_selects_the_driver_pods(helm: Helm, values: tuple[st
         ("replicaCount=0", "replicaCount"),
         ("pipelinePolicy.allowHostNetworks=true", "allowHostNetworks"),
         ("clusterWide=yes", "clusterWide"),
+        ("operatorUpgrade.parallelism=0", "parallelism"),
     ],
 )
 def test_values_typos_fail_the_schema(helm: Helm, value: str, complaint: str) -> None:

@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,10 @@ class Pipeline:
         return self.get("pod", f"{self.name}-driver-0")
 
     def events(self) -> list[str]:
+        return [reason for reason, _ in self.event_messages()]
+
+    def event_messages(self) -> list[tuple[str, str]]:
+        """The pipeline's events, oldest first: (reason, message)."""
         items = json.loads(
             self.cp.kubectl(
                 "get",
@@ -196,7 +201,7 @@ class Pipeline:
             items,
             key=lambda e: (e.get("firstTimestamp") or "", int(e["metadata"]["resourceVersion"])),
         )
-        return [e["reason"] for e in ordered]
+        return [(e["reason"], e.get("message", "")) for e in ordered]
 
     def wait_event(self, reason: str, timeout: float = 60) -> None:
         wait_for(lambda: reason in self.events(), f"event {reason}", timeout)
@@ -818,3 +823,79 @@ def test_a_statefulset_that_cannot_create_its_pod_says_why(
     failed = _wait_reason(p, "FailedCreate")
     assert "forbidden" in failed["message"] and "cpu" in failed["message"]
     assert p.status()["phase"] == "Degraded"
+
+
+#: The columns docs/lifecycle.md suggests to follow an operator upgrade.
+COLUMNS = (
+    "NAMESPACE:.metadata.namespace,NAME:.metadata.name,RENDERED-BY:.status.renderedBy,"
+    "UPGRADE:.status.upgrade.reason,STEP:.status.upgrade.step,MESSAGE:.status.message"
+)
+
+
+def _said_waiting(p: Pipeline, waiting: set[str]) -> dict[str, str] | None:
+    """The namespace's rows of ``COLUMNS`` by pipeline, once each of ``waiting`` says it waits."""
+    lines = p.cp.kubectl(
+        "get", "eop", "-n", p.ns, "--no-headers", "-o", f"custom-columns={COLUMNS}"
+    ).stdout.splitlines()
+    rows = {line.split()[1]: line for line in lines if line.strip()}
+    said = all("waiting for a restart slot" in rows.get(name, "") for name in waiting)
+    return rows if said else None
+
+
+def test_an_operator_upgrade_restarts_drivers_in_last_state_one_at_a_time(
+    pipeline: Callable[..., Pipeline], operator: OperatorProcess
+) -> None:
+    """A new operator whose rendering differs (here its default Spark image, as after
+    `helm upgrade --set-string image.tag=NEW`) restarts each driver of an unchanged spec in
+    last-state, whatever its upgrade.mode, one at a time (--operator-upgrade-parallelism 1):
+    no stateless reprocess, no new generation, and the waiting drivers keep running as they
+    were, their StatefulSets untouched."""
+    modes = ("stateless", "committed-offsets", "last-state")
+    pipelines = [pipeline(f"opup-{i}", upgrade={"mode": mode}) for i, mode in enumerate(modes)]
+    old = {p.name: p.running() for p in pipelines}
+    old_pods = {p.name: p.pod_of(old[p.name])["metadata"]["uid"] for p in pipelines}
+    operator.stop()
+    operator.args = (*operator.args, "--default-image", "localhost/eop-spark:new")
+    operator.start()
+    wait_for(operator.alive, "the upgraded operator")
+
+    def in_flight() -> list[Pipeline]:
+        return [p for p in pipelines if p.status().get("upgrade")]
+
+    restarted: list[str] = []
+    while len(restarted) < len(pipelines):
+        moving_now = wait_for(
+            lambda: [p for p in in_flight() if p.name not in restarted] or None,
+            "the next driver to restart for the operator upgrade",
+        )
+        assert len(moving_now) == 1, f"restarting at once: {[p.name for p in moving_now]}"
+        (moving,) = moving_now
+        upgrade = moving.status()["upgrade"]
+        assert (upgrade["reason"], upgrade["mode"]) == ("OperatorUpgrade", "last-state")
+        new = wait_for(lambda m=moving: (m.status().get("upgrade") or {}).get("toHash"), "toHash")
+        pod = moving.pod_of(new)
+        # One at a time: the others keep their driver and their template as they were.
+        assert [p.name for p in in_flight()] == [moving.name]
+        for waiting in pipelines:
+            if waiting is not moving and waiting.name not in restarted:
+                assert waiting.template_hash() == old[waiting.name]
+                assert (waiting.pod() or {})["metadata"]["uid"] == old_pods[waiting.name]
+        assert pod["spec"]["containers"][0]["image"] == "localhost/eop-spark:new"
+        # What docs/lifecycle.md shows to follow an operator upgrade.
+        waiting = {p.name for p in pipelines} - {moving.name, *restarted}
+        rows = wait_for(partial(_said_waiting, moving, waiting), "the waiting ones to say so")
+        assert re.search(r"OperatorUpgrade\s+Starting", rows[moving.name]), rows[moving.name]
+        moving.make_ready(new)
+        wait_for(lambda m=moving: not m.status().get("upgrade"), "the restart to complete")
+        restarted.append(moving.name)
+
+    for p in pipelines:
+        status = p.status()
+        assert status["phase"] == "Running" and status["renderedBy"]
+        # The same checkpoint generation, not reprocessed: state and position kept.
+        assert status["checkpoint"]["generation"] == 0 and not status["checkpoint"]["resetProgress"]
+        run = p.run_json()
+        assert run["generation"] == 0 and "resetProgress" not in run
+        assert p.watch.hashes() == [old[p.name], status["specHash"]]
+        upgrading = [m for r, m in p.event_messages() if r in ("Upgrading", "Upgraded")]
+        assert len(upgrading) == 2 and all(m.startswith("OperatorUpgrade:") for m in upgrading)

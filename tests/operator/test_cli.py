@@ -58,6 +58,19 @@ def test_a_bad_driver_role_is_one_clear_line(capsys: pytest.CaptureFixture[str])
     assert "--driver-role" in err and "Role/NAME or ClusterRole/NAME" in err
 
 
+def test_operator_upgrade_parallelism_is_one_by_default_and_at_least_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert build_parser().parse_args(["operator", "-A"]).operator_upgrade_parallelism == 1
+    args = build_parser().parse_args(["operator", "-A", "--operator-upgrade-parallelism", "3"])
+    assert args.operator_upgrade_parallelism == 3
+    with pytest.raises(SystemExit) as exited:
+        main(["operator", "-A", "--operator-upgrade-parallelism", "0"])
+    assert exited.value.code == EXIT_INVALID
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--operator-upgrade-parallelism" in err and "at least 1" in err
+
+
 def test_render_binds_executors_to_the_given_drivers_role(
     manifest: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -21,7 +21,7 @@ from eop_operator.api.status_patch import merge_patch
 from eop_operator.reconcile.decision import Action, Decision, Situation, target_generation
 from eop_operator.reconcile.failover import stamp
 from eop_operator.reconcile.observe import ClaimState, DriverState, PodObservation, Termination
-from eop_operator.reconcile.upgrade import decide
+from eop_operator.reconcile.upgrade import decide, holds_restart_slot
 from tests.operator.merge_patch import merged
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
@@ -132,18 +132,29 @@ def test_each_mode_picks_its_generation(mode: UpgradeMode, generation: int, rese
     assert [e.reason for e in decision.events] == ["Upgrading"]
 
 
-def run_upgrade(mode: UpgradeMode) -> list[tuple[Decision, DriverState]]:
-    """Walk an upgrade v1 -> v2 with the driver reacting as Kubernetes would."""
-    status, driver = steady(), running("v1-g0")
+def run_upgrade(
+    mode: UpgradeMode, status: PipelineStatus | None = None, render: str | None = None
+) -> list[tuple[Decision, DriverState]]:
+    """Walk an upgrade v1 -> v2 with the driver reacting as Kubernetes would.
+
+    ``render``: the spec stays v1 and the operator renders it as ``render`` (an operator
+    upgrade).
+    """
+    status = status or steady()
+    assert status.spec_hash is not None
+    driver = running(status.spec_hash)
     trace = []
     for _ in range(10):
-        decision = decide(situation(status, driver, version="v2", mode=mode))
+        s = situation(status, driver, version="v1" if render else "v2", mode=mode)
+        if render:
+            s = dataclasses.replace(s, hash_at=hashes(render), rendered_by="0.2.0")
+        decision = decide(s)
         trace.append((decision, driver))
         status = apply_status(status, decision)
         if decision.action is Action.STOP:
             driver = DriverState(exists=True, replicas=0, template_hash=driver.template_hash)
         elif decision.action is Action.APPLY:
-            new = hashes("v2")(decision.generation, decision.reset_progress)
+            new = s.hash_at(decision.generation, decision.reset_progress)
             driver = DriverState(exists=True, replicas=1, template_hash=new, pods=(pod(new),))
         elif driver.pods and not driver.pods[0].ready:
             driver = running(driver.template_hash or "")  # the new driver gets Ready
@@ -450,3 +461,131 @@ def test_a_crash_looping_spec_does_not_become_the_stable_spec() -> None:
     status = steady().model_copy(update={"last_stable_fingerprint": None})
     driver = _between_crashes(2, "eop: error: [Failed] boom", seconds_ago=5)
     assert "last_stable_spec" not in decide(situation(status, driver)).record.model_fields_set
+
+
+# An operator upgrade: the spec stays v1 (its fingerprint), the operator renders it as "r2".
+
+
+def rendered(status: PipelineStatus, driver: DriverState, **kwargs: Any) -> Situation:
+    """The v1 spec as a new operator (version 0.2.0) renders it: hashes r2-g<k>."""
+    s = situation(status, driver, **kwargs)
+    return dataclasses.replace(s, hash_at=hashes("r2"), rendered_by="0.2.0")
+
+
+@pytest.mark.parametrize("mode", list(UpgradeMode))
+@pytest.mark.parametrize("reset", [False, True])
+def test_an_operator_rendering_change_restarts_in_last_state_whatever_the_mode(
+    mode: UpgradeMode, reset: bool
+) -> None:
+    """Never a reprocess (stateless) nor a new generation without state (committed-offsets)."""
+    status = steady(generation=3).model_copy(
+        update={
+            "spec_hash": hashes("v1")(3, reset),
+            "checkpoint": CheckpointStatus(generation=3, reset_progress=reset),
+        }
+    )
+    trace = run_upgrade(mode, status, render="r2")
+    first, _ = trace[0]
+    wal = first.record.upgrade
+    assert wal is not None and first.action is Action.STOP
+    assert wal.reason == "OperatorUpgrade" and wal.mode is UpgradeMode.LAST_STATE
+    assert (wal.generation, wal.reset_progress) == (3, reset)
+    assert wal.to_hash == hashes("r2")(3, reset)
+    (upgrading,) = first.events
+    assert upgrading.reason == "Upgrading" and upgrading.message.startswith("OperatorUpgrade:")
+    assert "resuming checkpoint generation 3" in upgrading.message
+    reasons = [e.reason for d, _ in trace for e in d.events]
+    assert reasons == ["Upgrading", "Upgraded"]
+    applied = [d for d, _ in trace if d.action is Action.APPLY]
+    assert [(d.generation, d.reset_progress) for d in applied] == [(3, reset)]
+    recorded = [d.record for d, _ in trace if "spec_hash" in d.record.model_fields_set]
+    assert [(r.spec_hash, r.rendered_by) for r in recorded] == [(hashes("r2")(3, reset), "0.2.0")]
+
+
+def test_a_rendering_change_waits_for_a_restart_slot_with_its_children_held() -> None:
+    s = dataclasses.replace(rendered(steady(), running("v1-g0")), restart_slot=lambda: False)
+    decision = decide(s)
+    assert decision.action is Action.WAIT and decision.hold
+    assert "upgrade" not in decision.record.model_fields_set
+    assert decision.record.message is not None
+    assert decision.record.message.startswith("OperatorUpgrade: the driver runs spec hash v1-g0")
+    # Said once: the next look writes nothing.
+    again = decide(dataclasses.replace(s, status=apply_status(steady(), decision)))
+    assert again.hold and again.record.model_fields_set == set() and again.events == ()
+    # A slot frees: the restart begins.
+    began = decide(dataclasses.replace(s, restart_slot=lambda: True))
+    assert began.action is Action.STOP and not began.hold
+    assert began.record.upgrade is not None
+    assert began.record.upgrade.reason == "OperatorUpgrade"
+
+
+def test_a_crash_looping_driver_waiting_for_a_restart_slot_stays_degraded() -> None:
+    failover = FailoverSpec(max_restarts=2)
+    looping = pod("r1-g0", restart_count=3, termination=Termination(4, "eop: error: [Failed] boom"))
+    driver = DriverState(exists=True, replicas=1, template_hash="v1-g0", pods=(looping,))
+    s = rendered(steady(), driver, failover=failover)
+    decision = decide(dataclasses.replace(s, restart_slot=lambda: False))
+    assert decision.hold
+    assert decision.degraded is not None and decision.degraded.reason == "CrashLoop"
+
+
+def test_a_rendering_change_of_a_driver_without_a_pod_needs_no_slot() -> None:
+    suspended = running("v1-g0", replicas=0)
+    s = rendered(steady(), suspended, suspend=True)
+    decision = decide(dataclasses.replace(s, restart_slot=lambda: False))
+    assert decision.action is Action.STOP and not decision.hold
+    assert decision.record.upgrade is not None
+    assert decision.record.upgrade.reason == "OperatorUpgrade"
+
+
+def test_a_status_of_an_older_operator_restarts_only_in_last_state_and_only_when_needed() -> None:
+    # Written by an operator that recorded neither the fingerprint nor its version.
+    old = steady(generation=2).model_copy(update={"applied_fingerprint": None})
+    # The same rendering: adopted in place (nothing restarts), with what this operator records.
+    s = dataclasses.replace(
+        situation(old, running("v1-g2"), mode=UpgradeMode.STATELESS), rendered_by="0.2.0"
+    )
+    same = decide(s)
+    assert same.action is Action.APPLY and not same.hold
+    assert "upgrade" not in same.record.model_fields_set
+    assert (same.record.applied_fingerprint, same.record.rendered_by) == ("v1", "0.2.0")
+    # A new rendering: unknown whether the spec changed, so the restart safe in every mode.
+    new = decide(rendered(old, running("v1-g2"), mode=UpgradeMode.STATELESS))
+    assert new.record.upgrade is not None
+    assert new.record.upgrade.reason == "OperatorUpgrade"
+    assert new.record.upgrade.mode is UpgradeMode.LAST_STATE
+    assert new.record.upgrade.generation == 2
+
+
+def test_a_spec_edit_before_an_operator_upgrades_driver_starts_restarts_in_the_users_mode() -> None:
+    stopping = starting("r2-g0", step=UpgradeStep.STOPPING, reason="OperatorUpgrade")
+    status = stopping.model_copy(update={"spec_hash": "v1-g0"})
+    s = situation(status, running("v1-g0", replicas=0), version="v2")
+    decision = decide(dataclasses.replace(s, upgrade=UpgradeSpec(mode=UpgradeMode.STATELESS)))
+    new = decision.record.upgrade
+    assert new is not None and new.reason == "SpecChanged"
+    assert new.mode is UpgradeMode.STATELESS and (new.generation, new.reset_progress) == (1, True)
+
+
+def test_an_operator_upgrade_never_falls_back_to_a_new_generation() -> None:
+    driver = DriverState(
+        exists=True, replicas=1, template_hash="r2-g0", pods=(incompatible("r2-g0"),)
+    )
+    status = starting("r2-g0", reason="OperatorUpgrade")
+    decision = decide(rendered(status, driver))
+    assert decision.action is Action.WAIT and "upgrade" not in decision.record.model_fields_set
+    assert decision.degraded is not None and decision.degraded.reason == "IncompatibleCheckpoint"
+    assert "never drops state" in decision.degraded.message
+
+
+def test_an_operator_upgrade_holds_its_slot_until_ready_or_timed_out() -> None:
+    def wal(step: UpgradeStep, reason: str = "OperatorUpgrade") -> UpgradeStatus | None:
+        return starting("r2-g0", step=step, reason=reason).upgrade
+
+    spec = UpgradeSpec(readiness_timeout="1m")
+    later = NOW + datetime.timedelta(minutes=2)
+    assert holds_restart_slot(wal(UpgradeStep.STOPPING), spec, later)
+    assert holds_restart_slot(wal(UpgradeStep.STARTING), spec, NOW)
+    assert not holds_restart_slot(wal(UpgradeStep.STARTING), spec, later)
+    assert not holds_restart_slot(wal(UpgradeStep.STOPPING, "SpecChanged"), spec, NOW)
+    assert not holds_restart_slot(None, spec, NOW)

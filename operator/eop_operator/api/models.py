@@ -781,7 +781,9 @@ class UpgradeStatus(BaseModel):
     step: UpgradeStep
     generation: int = Field(description="Checkpoint generation the new driver runs.")
     reset_progress: bool = False
-    reason: str = Field(description="Why: SpecChanged, RestartNonce, RolledBack, FellBack, ...")
+    reason: str = Field(
+        description="Why: SpecChanged, RestartNonce, OperatorUpgrade, RolledBack, FellBack, ..."
+    )
     started_at: str | None = Field(default=None, description="When the current step began.")
     began_at: str | None = Field(default=None, description="When the upgrade began.")
     not_before: str | None = Field(
@@ -836,14 +838,24 @@ class PipelineStatus(BaseModel):
     transactional_id_prefix: str | None = None
     progress_group: str | None = None
     commit_mode: str | None = None
-    spec_hash: str | None = Field(default=None, description="Spec hash of the applied driver.")
+    spec_hash: str | None = Field(
+        default=None,
+        description="Spec hash of the applied driver: what the operator rendered for it.",
+    )
+    rendered_by: str | None = Field(
+        default=None,
+        description="Version of the operator that rendered the applied driver (unset: an "
+        "operator older than this field).",
+    )
     upgrade: UpgradeStatus | None = Field(default=None, description="The upgrade in flight.")
     last_stable_spec: dict[str, Any] | None = Field(
         default=None, description="The last spec whose driver ran healthily (for rollback)."
     )
     last_stable_fingerprint: str | None = None
     applied_fingerprint: str | None = Field(
-        default=None, description="Fingerprint of the spec last applied."
+        default=None,
+        description="Fingerprint of the spec last applied. A new spec hash for the same "
+        "fingerprint is the operator rendering the spec differently (reason OperatorUpgrade).",
     )
     rolled_back_fingerprint: str | None = Field(
         default=None,

@@ -51,6 +51,7 @@ class DecisionRecord(StatusPatch):
     """
 
     spec_hash: str | None = None
+    rendered_by: str | None = None
     applied_fingerprint: str | None = None
     checkpoint: CheckpointStatus | None = None
     upgrade: UpgradeStatus | None = None

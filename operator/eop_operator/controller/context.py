@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import kopf
 
+from eop_operator.controller.restart_slots import RestartSlots
 from eop_operator.kube.apply import WarningEvents
 from eop_operator.kube.client import KubeClient
 from eop_operator.kube.observed import OwnWrites
@@ -33,6 +34,9 @@ class OperatorOptions:
     driver_role: DriverRole = DEFAULT_DRIVER_ROLE
     #: Node access pipelines may ask for (``--allow-host-network``, ``--allow-host-path-volumes``).
     pod_policy: PodPolicy = field(default_factory=PodPolicy)
+    #: Drivers restarting at once because this operator renders their spec differently
+    #: (``--operator-upgrade-parallelism``).
+    operator_upgrade_parallelism: int = 1
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class Context:
     status: StatusWriter
     #: The namespaces' Warning events, listed for the conditions' causes.
     warnings: WarningEvents
+    #: The operator-upgrade restarts under way (``options.operator_upgrade_parallelism``).
+    slots: RestartSlots
 
     @classmethod
     def open(cls, options: OperatorOptions, login: Callable[[], kopf.ConnectionInfo]) -> Context:
@@ -63,4 +69,5 @@ class Context:
             own_writes=own_writes,
             status=StatusWriter(client, own_writes),
             warnings=WarningEvents(),
+            slots=RestartSlots(options.operator_upgrade_parallelism),
         )

@@ -48,10 +48,14 @@ class Lifecycle:
         self.locks.pop(key, None)
         self.memories.pop(key, None)
         self.context.own_writes.drop(key)
+        self.context.slots.forget(key)
 
     def due(self, key: PipelineKey) -> bool:
-        """Whether the timer should look at the pipeline now (its last step said when)."""
+        """Whether the timer should look at the pipeline now (its last step said when, or a
+        restart slot freed for it)."""
         memory = self.memories.get(key)
+        if memory is not None and self.context.slots.wake(key):
+            memory.look_at = 0.0
         return memory is None or asyncio.get_running_loop().time() >= memory.look_at
 
     async def quiesce(self, timeout: float) -> bool:
@@ -123,6 +127,7 @@ class Lifecycle:
                         self.context, observed, subject, render, memory, departed
                     )
                 except refusable as exc:
+                    self.context.slots.update(key, holds=False)  # it waits for its user now
                     await refuse(self.context, body, exc)
                     wait = LOOK_SECONDS  # what made it invalid may go (another pipeline's claim)
                 if wait is not None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from eop_operator import __version__ as OPERATOR_VERSION
 from eop_operator import metrics
 from eop_operator.api.models import (
     ExactlyOncePipeline,
@@ -57,7 +58,7 @@ from eop_operator.reconcile.decision import (
 )
 from eop_operator.reconcile.failover import parse_stamp
 from eop_operator.reconcile.observe import ClaimState, DriverState
-from eop_operator.reconcile.upgrade import decide, spec_fingerprint
+from eop_operator.reconcile.upgrade import decide, holds_restart_slot, spec_fingerprint
 from eop_operator.render import RenderedPipeline
 from eop_operator.render.naming import (
     RESTART_NONCE_ANNOTATION,
@@ -159,6 +160,14 @@ async def take_step(
     claim = ClaimState.UNKNOWN
     if claim_name is not None:
         claim = ClaimState.of(children.get(("PersistentVolumeClaim", claim_name)))
+    key = (namespace, name)
+    slots = context.slots
+    if not slots.seeded:
+        slots.seed(
+            (k, body)
+            for k in list(observed.pipelines)
+            if (body := observed.pipeline(*k, clock)) is not None
+        )
     decision = decide(
         Situation(
             status=status,
@@ -174,13 +183,20 @@ async def take_step(
             restart_reason=RESTART_NONCE if nonce_changed else SPEC_CHANGED,
             claim=claim,
             claim_name=claim_name,
+            restart_slot=lambda: slots.free(key),
+            rendered_by=OPERATOR_VERSION,
         )
     )
     record = decision.record
     wal = record.upgrade if "upgrade" in record.model_fields_set else status.upgrade
+    # Taken (or given back) before the first await: no other step takes the same slot.
+    slots.update(
+        key, holds=holds_restart_slot(wal, pipeline.spec.upgrade, now), waits=decision.hold
+    )
     # Never while an old driver stops: that StatefulSet must keep zero replicas.
     heal = (
         decision.action is Action.WAIT
+        and not decision.hold
         and status.spec_hash is not None
         and claim is not ClaimState.DELETING
         and (wal is None or wal.step is UpgradeStep.STARTING)

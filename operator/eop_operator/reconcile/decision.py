@@ -33,6 +33,10 @@ ROLLED_BACK = "RolledBack"
 FELL_BACK = "FellBack"
 CHECKPOINT_RECOVERY = "CheckpointRecovery"
 CHECKPOINT_LOST = "CheckpointLost"
+#: The operator renders the driver differently for the same spec (a new operator version, a
+#: new default image or operator setting): a throttled restart in last-state, whatever
+#: ``upgrade.mode`` says.
+OPERATOR_UPGRADE = "OperatorUpgrade"
 
 
 class Action(StrEnum):
@@ -78,6 +82,13 @@ class Decision:
     #: when something changes); see ``reconcile.cadence``.
     requeue_after: float | None = None
     degraded: Degradation | None = None
+    #: The children stay as they are: the new rendering waits for a restart slot (applying
+    #: it would have the StatefulSet controller restart the driver at once).
+    hold: bool = False
+
+
+def _always() -> bool:
+    return True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +114,11 @@ class Situation:
     #: The checkpoint claim (UNKNOWN: the checkpoint lives at a URI, or it was not looked at).
     claim: ClaimState = ClaimState.UNKNOWN
     claim_name: str | None = None
+    #: Whether a restart for an operator upgrade may begin now (the operator's throttle);
+    #: asked only when one would.
+    restart_slot: Callable[[], bool] = _always
+    #: The operator's version, recorded with each spec hash it applies (``status.renderedBy``).
+    rendered_by: str | None = None
 
 
 def target_generation(mode: UpgradeMode, generation: int, reset: bool) -> tuple[int, bool]:
@@ -153,6 +169,7 @@ class Plan:
         *,
         requeue_after: float | None = None,
         degraded: Degradation | None = None,
+        hold: bool = False,
     ) -> Decision:
         """The decision: ``action`` with the record, events and generation gathered."""
         return Decision(
@@ -164,6 +181,7 @@ class Plan:
             replicas=self.replicas,
             requeue_after=requeue_after,
             degraded=degraded,
+            hold=hold,
         )
 
     def checkpoint_failure(self, spec_hash: str | None) -> Failure | None:

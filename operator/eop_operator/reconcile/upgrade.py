@@ -19,6 +19,16 @@ An upgrade has two steps:
 
 Because the new template is applied only once no pod exists, two drivers of
 one pipeline never run at the same time.
+
+A new spec hash for the spec last applied (``status.appliedFingerprint``) is
+the operator rendering that spec differently: a new operator version, a new
+default image or operator setting.  The driver then restarts in ``last-state``
+whatever ``upgrade.mode`` says (reason ``OperatorUpgrade``): the same
+checkpoint generation, as when the StatefulSet restarts a driver that died, so
+a ``stateless`` pipeline does not reprocess and a ``committed-offsets`` one
+keeps its state.  At most the operator's number of such restarts run at once
+(:attr:`Situation.restart_slot`); the others wait with their children as they
+are (:attr:`Decision.hold`).
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from eop_operator.api.models import (
     ExactlyOncePipeline,
     PipelineSpec,
     UpgradeMode,
+    UpgradeSpec,
     UpgradeStatus,
     UpgradeStep,
 )
@@ -38,6 +49,7 @@ from eop_operator.reconcile.decision import (
     CHECKPOINT_LOST,
     CHECKPOINT_RECOVERY,
     FELL_BACK,
+    OPERATOR_UPGRADE,
     ROLLED_BACK,
     Action,
     Decision,
@@ -101,8 +113,14 @@ def begin(
     return plan.done(Action.STOP, requeue_after=POLL_SECONDS)
 
 
-def recover(plan: Plan, failure: Failure, from_hash: str | None) -> Decision | None:
-    """A new generation for a checkpoint the driver cannot use, when allowed."""
+def recover(
+    plan: Plan, failure: Failure, from_hash: str | None, *, fallback: bool = True
+) -> Decision | None:
+    """A new generation for a checkpoint the driver cannot use, when allowed.
+
+    ``fallback``: an incompatible checkpoint may fall back to a new generation (not during
+    an operator upgrade, which never drops state).
+    """
     s, generation = plan.s, plan.generation
     if failure.reason == FailureReason.CHECKPOINT_LOST:
         return begin(
@@ -134,7 +152,7 @@ def recover(plan: Plan, failure: Failure, from_hash: str | None) -> Decision | N
                 f"in {delay:.0f}s",
             ),
         )
-    if not s.upgrade.allow_fallback:
+    if not (s.upgrade.allow_fallback and fallback):
         return None
     return begin(
         plan,
@@ -171,6 +189,14 @@ def degradation(plan: Plan) -> Degradation | None:
             message=f"restarting does not help: {status.last_message}",
         )
     if status.last_reason == FailureReason.INCOMPATIBLE_CHECKPOINT.value and status.recent:
+        wal = s.status.upgrade
+        if wal is not None and wal.reason == OPERATOR_UPGRADE:
+            return Degradation(
+                reason="IncompatibleCheckpoint",
+                message=f"{status.last_message}; the checkpoint cannot serve the query as "
+                "this operator renders it, and an operator upgrade never drops state: roll "
+                "the operator back, or change spec.restartNonce to restart in upgrade.mode",
+            )
         return Degradation(
             reason="IncompatibleCheckpoint",
             message=f"{status.last_message}; upgrade.allowFallback is false: change the spec "
@@ -191,6 +217,7 @@ def decide(s: Situation) -> Decision:
     if status.spec_hash is None and wal is None and not s.driver.exists:
         spec_hash = s.hash_at(plan.generation, plan.reset)
         plan.record.spec_hash = spec_hash
+        plan.record.rendered_by = s.rendered_by
         plan.record.applied_fingerprint = s.fingerprint
         plan.record.checkpoint = CheckpointStatus(
             generation=plan.generation, reset_progress=plan.reset
@@ -215,6 +242,10 @@ def decide(s: Situation) -> Decision:
 
 def _stopping(plan: Plan, wal: UpgradeStatus) -> Decision:
     s = plan.s
+    if wal.reason == OPERATOR_UPGRADE and _spec_changed(s):
+        # The user changed the spec before the new driver started: that is a restart in the
+        # user's mode (nothing of the last-state one was applied yet).
+        return _spec_restart(plan, wal.from_hash)
     target = s.hash_at(wal.generation, wal.reset_progress)
     if target != wal.to_hash:
         # The spec changed again before the new driver started: start that one instead.
@@ -233,6 +264,7 @@ def _stopping(plan: Plan, wal: UpgradeStatus) -> Decision:
         update={"step": UpgradeStep.STARTING, "started_at": stamp(s.now)}
     )
     plan.record.spec_hash = target
+    plan.record.rendered_by = s.rendered_by
     plan.record.applied_fingerprint = s.fingerprint
     plan.record.checkpoint = CheckpointStatus(
         generation=wal.generation, reset_progress=wal.reset_progress
@@ -270,7 +302,7 @@ def _starting(plan: Plan, wal: UpgradeStatus) -> Decision | None:
         failure.reason == FailureReason.INCOMPATIBLE_CHECKPOINT
         and wal.mode is not UpgradeMode.LAST_STATE
     ):
-        decision = recover(plan, failure, wal.to_hash)
+        decision = recover(plan, failure, wal.to_hash, fallback=wal.reason != OPERATOR_UPGRADE)
         if decision is not None:
             return decision
     timeout = datetime.timedelta(milliseconds=duration_ms(s.upgrade.readiness_timeout))
@@ -327,8 +359,13 @@ def _steady(plan: Plan) -> Decision:
         if decision is not None:
             return decision
     if s.hash_at(plan.generation, plan.reset) != applied:
-        reason = ROLLED_BACK if s.running_stable else s.restart_reason
-        return begin(plan, s.upgrade.mode, reason, from_hash=applied)
+        if _spec_changed(s):
+            return _spec_restart(plan, applied)
+        return _operator_upgrade(plan, applied)
+    if status.rendered_by != s.rendered_by:
+        # The spec hash is what this operator renders: its version is recorded, nothing
+        # restarts (also where an older operator recorded no version).
+        record.rendered_by = s.rendered_by
     action = Action.WAIT
     if (
         not s.driver.exists
@@ -364,6 +401,63 @@ def _steady(plan: Plan) -> Decision:
         record.last_stable_spec = s.spec_dump
         record.last_stable_fingerprint = s.fingerprint
     return plan.done(action, degraded=degradation(plan))
+
+
+def _spec_changed(s: Situation) -> bool:
+    """Whether the user's spec changed since it was applied (else only its rendering did).
+
+    An older operator that wrote no fingerprint leaves it unknown: that counts as unchanged,
+    so the restart is the one that is safe in every mode (last-state).
+    """
+    applied = s.status.applied_fingerprint
+    return applied is not None and applied != s.fingerprint
+
+
+def _spec_restart(plan: Plan, from_hash: str | None) -> Decision:
+    """A restart for a changed spec (or restartNonce, or a rollback), in ``upgrade.mode``."""
+    s = plan.s
+    reason = ROLLED_BACK if s.running_stable else s.restart_reason
+    return begin(plan, s.upgrade.mode, reason, from_hash=from_hash)
+
+
+def _operator_upgrade(plan: Plan, applied: str | None) -> Decision:
+    """The same spec renders differently: a throttled restart in last-state.
+
+    A driver with no pod (suspended, or not created) needs no slot.  While none is free the
+    children stay as they are (``hold``) and the pipeline looks again when one frees.
+    """
+    s = plan.s
+    if s.driver.pods and not s.restart_slot():
+        message = (
+            f"{OPERATOR_UPGRADE}: the driver runs spec hash {applied}, this operator renders "
+            f"{s.hash_at(plan.generation, plan.reset)}; waiting for a restart slot (other "
+            "drivers are restarting for the operator upgrade)"
+        )
+        if s.status.message != message:
+            plan.record.message = message
+        return plan.done(
+            Action.WAIT,
+            requeue_after=UPGRADE_WAIT_SECONDS,
+            degraded=degradation(plan),
+            hold=True,
+        )
+    return begin(plan, UpgradeMode.LAST_STATE, OPERATOR_UPGRADE, from_hash=applied)
+
+
+def holds_restart_slot(
+    wal: UpgradeStatus | None, upgrade: UpgradeSpec, now: datetime.datetime
+) -> bool:
+    """Whether an upgrade in flight counts against the operator's restart slots.
+
+    An operator-upgrade restart does until its driver is Ready or, in step Starting,
+    ``readinessTimeout`` has passed (the pipeline is Degraded then, and waits for the user).
+    """
+    if wal is None or wal.reason != OPERATOR_UPGRADE:
+        return False
+    if wal.step is UpgradeStep.STOPPING or wal.started_at is None:
+        return True
+    timeout = datetime.timedelta(milliseconds=duration_ms(upgrade.readiness_timeout))
+    return now - parse_stamp(wal.started_at) < timeout
 
 
 def _checkpoint_lost(plan: Plan, applied: str) -> Decision:
