@@ -3,11 +3,15 @@ a slow run. Each runs a small pytest session of its own (pytest's ``pytester``).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest_plugins = ["pytester"]
 
 _COMPONENT = """
+import json
+
 import pytest
 
 events = []
@@ -70,3 +74,34 @@ def test_the_clock_fails_a_run_past_its_ceiling(
     passed = pytester.runpytest("-p", "tests.plugins.suite_clock", "-p", "no:cacheprovider")
     assert passed.ret == pytest.ExitCode.OK
     passed.stdout.fnmatch_lines(["*unit*1*", "*suite total*(ceiling 5 min)*"])
+
+
+_BUSY = """
+import subprocess, sys
+
+def test_busy():
+    # A process whose command line names the operator, busy for about a second of CPU.
+    subprocess.run(
+        [sys.executable, "-c", "import time\\nend = time.process_time() + 1.2\\n"
+         "while time.process_time() < end: pass", "eop_operator"],
+        check=True,
+    )
+"""
+
+
+def test_the_clock_counts_cpu_by_kind_of_process_and_per_test(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, pytestconfig: pytest.Config
+) -> None:
+    pytester.makepyfile(_BUSY)
+    monkeypatch.setenv("PYTHONPATH", str(pytestconfig.rootpath))
+    clock = pytester.path / "clock.json"
+    result = pytester.runpytest_subprocess(
+        "-p", "tests.plugins.suite_cpu", "-p", "tests.plugins.suite_clock",
+        "-p", "no:cacheprovider", "--suite-clock", str(clock),
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*CPU * core-minutes, by kind:*"])
+    written = json.loads(clock.read_text())
+    assert written["cpu"]["operator"] >= 0.8, written["cpu"]
+    (test,) = [t for t in written["cpu_per_test"] if t.endswith("test_busy")]
+    assert written["cpu_per_test"][test]["operator"] >= 0.8

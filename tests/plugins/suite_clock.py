@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from tests.plugins.suite_cpu import sampler
+
 #: Minutes of pytest's own time past which a CI run fails (CI stops a run at 90, set-up
 #: included).
 CEILING_MINUTES = 75.0
@@ -151,6 +153,14 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         "costliest fixture set-ups (seconds, all instances): "
         + ", ".join(f"{name} {seconds:.0f}" for name, seconds in fixtures[:10] if seconds >= 1)
     )
+    cpu = sampler(config)
+    if cpu is not None and cpu.total:
+        capacity = total * (os.cpu_count() or 1)
+        kinds = sorted(cpu.total.items(), key=lambda kv: kv[1], reverse=True)
+        write(
+            f"CPU {sum(cpu.total.values()) / 60:.1f} of {capacity / 60:.1f} core-minutes, by kind: "
+            + ", ".join(f"{kind} {seconds / 60:.1f}" for kind, seconds in kinds if seconds >= 30)
+        )
     ceiling = ceiling_minutes()
     write(
         f"suite total {total / 60:.1f} min"
@@ -159,7 +169,16 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     path = config.getoption("--suite-clock")
     if path:
         Path(path).write_text(
-            json.dumps({"total": total, "tests": tests, "fixtures": clock["fixtures"]}, indent=1)
+            json.dumps(
+                {
+                    "total": total,
+                    "tests": tests,
+                    "fixtures": clock["fixtures"],
+                    "cpu": dict(cpu.total) if cpu else {},
+                    "cpu_per_test": cpu.per_test if cpu else {},
+                },
+                indent=1,
+            )
         )
 
 
