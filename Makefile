@@ -67,7 +67,7 @@ test: deps
 test-unit: setup
 	$(PY) -m pytest -m "not kafka and not spark and not kube and not e2e and not nodes and not ecosystem and not s3"
 
-## test-fast: everything but the slow chaos tests and the local clusters' tiers
+## test-fast: every test under ~15 s but the local clusters' (no slow, e2e or nodes marker)
 test-fast: deps
 	$(PY) -m pytest -m "not slow and not e2e and not nodes"
 

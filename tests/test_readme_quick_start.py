@@ -46,6 +46,7 @@ def quick_start_commands() -> list[str]:
     return commands
 
 
+@pytest.mark.slow
 def test_the_laptop_quick_start_cleans_the_sample_impressions(tmp_path: Path) -> None:
     commands = quick_start_commands()
     assert [c.split()[:2] for c in commands] == [

@@ -111,6 +111,7 @@ def degraded_message(cp: ControlPlane, name: str) -> str | None:
     )
 
 
+@pytest.mark.slow
 def test_namespaced_default_runs_pipelines_with_only_its_rbac(
     audited: Audited, tmp_path: Path
 ) -> None:

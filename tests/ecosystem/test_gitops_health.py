@@ -74,6 +74,7 @@ def ready_wait(cp: ControlPlane, p: Pipeline, timeout: str) -> int:
     return wait.returncode
 
 
+@pytest.mark.slow
 def test_argo_cd_and_kstatus_read_every_state_of_a_live_pipeline(
     control_plane: ControlPlane,
     pipeline: Callable[..., Pipeline],

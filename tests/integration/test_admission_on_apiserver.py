@@ -76,6 +76,7 @@ COPY_CHILDREN = [
 ]
 
 
+@pytest.mark.slow
 def test_a_copy_pasted_prefix_is_refused_until_the_first_pipeline_is_gone(
     control_plane: ControlPlane, operator: Path, kube_namespace: str
 ) -> None:

@@ -285,6 +285,7 @@ def restart_events(cp: ControlPlane, namespace: str, name: str) -> list[dict[str
     return [e for e in _events(cp, namespace, name) if e["reason"] == "RestartStalled"]
 
 
+@pytest.mark.slow
 def test_a_stalled_driver_is_restarted(
     control_plane: ControlPlane,
     kube_namespace: str,
@@ -341,6 +342,7 @@ def committed(broker: KafkaBroker, group: str, topic: str, partitions: int) -> d
         consumer.close()
 
 
+@pytest.mark.slow
 def test_a_suspended_pipelines_progress_outlives_the_retention(
     control_plane: ControlPlane,
     kube_namespace: str,

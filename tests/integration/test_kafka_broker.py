@@ -199,6 +199,7 @@ def test_consumer_groups_tool_shows_transactional_offsets(
     assert "has no active members" in result.stdout + result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.slow  # a second broker, a crash and a restart: ~30-50 s here
 def test_crash_restart_keeps_port_and_committed_data(tmp_path: Path) -> None:
     """Regression test for the hanging transaction after a kill (see KafkaBroker.start)."""

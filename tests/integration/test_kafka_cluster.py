@@ -113,6 +113,7 @@ def topic(kafka_cluster: KafkaCluster) -> Iterator[str]:
     yield name
 
 
+@pytest.mark.slow
 def test_every_partition_is_replicated_three_times(kafka_cluster: KafkaCluster, topic: str) -> None:
     topics = AdminClient(kafka_cluster.client_config()).list_topics(timeout=TIMEOUT).topics
     assert {len(p.replicas) for p in topics[topic].partitions.values()} == {3}
@@ -120,6 +121,7 @@ def test_every_partition_is_replicated_three_times(kafka_cluster: KafkaCluster, 
     assert kafka_cluster.under_replicated() == []
 
 
+@pytest.mark.slow
 def test_transactions_keep_committing_while_their_coordinator_is_killed(
     kafka_cluster_chaos: KafkaCluster, topic: str
 ) -> None:
@@ -145,6 +147,7 @@ def test_transactions_keep_committing_while_their_coordinator_is_killed(
     loop.assert_exactly_once()
 
 
+@pytest.mark.slow
 def test_a_roll_keeps_transactions_going_and_ends_fully_replicated(
     kafka_cluster_chaos: KafkaCluster, topic: str
 ) -> None:
@@ -160,6 +163,7 @@ def test_a_roll_keeps_transactions_going_and_ends_fully_replicated(
     loop.assert_exactly_once()
 
 
+@pytest.mark.slow
 def test_a_killed_group_coordinator_hands_the_group_to_a_live_node(
     kafka_cluster_chaos: KafkaCluster, topic: str
 ) -> None:

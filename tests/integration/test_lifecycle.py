@@ -521,6 +521,7 @@ def test_an_operator_killed_mid_upgrade_finishes_it_with_one_driver(
     assert p.watch.hashes() == [old, new]
 
 
+@pytest.mark.slow
 def test_a_driver_not_ready_in_time_is_rolled_back(pipeline: Callable[..., Pipeline]) -> None:
     p = pipeline("rollback", upgrade={"rollback": True, "readinessTimeout": "5s"})
     stable = p.running()
@@ -627,6 +628,7 @@ def _wait_reason(p: Pipeline, reason: str, timeout: float = 60) -> dict[str, Any
     return _condition(p)
 
 
+@pytest.mark.slow
 def test_every_child_deleted_comes_back_and_a_lost_claim_starts_a_new_generation(
     pipeline: Callable[..., Pipeline],
 ) -> None:
@@ -664,6 +666,7 @@ def test_every_child_deleted_comes_back_and_a_lost_claim_starts_a_new_generation
     assert p.template_hash() == second
 
 
+@pytest.mark.slow
 def test_children_are_applied_again_only_when_deleted_or_changed(
     pipeline: Callable[..., Pipeline], kube_namespace: str
 ) -> None:
@@ -719,6 +722,7 @@ def test_a_refused_claim_update_does_not_keep_the_driver_down(
     assert "refused by the API server" in ready["message"]
 
 
+@pytest.mark.slow
 def test_causes_from_the_pod_and_its_events_are_in_the_conditions(
     pipeline: Callable[..., Pipeline],
 ) -> None:
@@ -809,6 +813,7 @@ def test_a_crash_loop_is_degraded_with_the_runners_message_even_between_crashes(
     assert _condition(p, "Degraded")["status"] == "True"
 
 
+@pytest.mark.slow
 def test_a_statefulset_that_cannot_create_its_pod_says_why(
     control_plane: ControlPlane, kube_namespace: str, pipeline: Callable[..., Pipeline]
 ) -> None:

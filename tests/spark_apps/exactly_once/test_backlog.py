@@ -147,6 +147,7 @@ def check_exactly_once(pipeline: Pipeline, took: float, records: int) -> None:
         ),
     ],
 )
+@pytest.mark.slow
 def test_partitioned_backlog_commits_in_several_transactions(
     quick_abort_broker: KafkaBroker,
     tmp_path: Path,
@@ -165,6 +166,7 @@ def test_partitioned_backlog_commits_in_several_transactions(
         pipeline.cleanup()
 
 
+@pytest.mark.slow
 def test_coordinated_backlog_is_read_in_batches_the_timeout_allows(
     quick_abort_broker: KafkaBroker, tmp_path: Path
 ) -> None:
@@ -184,6 +186,7 @@ def test_coordinated_backlog_is_read_in_batches_the_timeout_allows(
         pipeline.cleanup()
 
 
+@pytest.mark.slow
 def test_a_batch_too_big_for_the_timeout_is_reported_as_that(
     quick_abort_broker: KafkaBroker, tmp_path: Path
 ) -> None:

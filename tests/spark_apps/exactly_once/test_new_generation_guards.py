@@ -44,6 +44,7 @@ def _failure_lines(runner: Runner) -> list[str]:
     return [line for line in runner.stderr.splitlines() if line.startswith("eop: error:")]
 
 
+@pytest.mark.slow
 def test_missing_progress_stops_a_new_generation(
     make_pipeline: Callable[..., Pipeline],
 ) -> None:
@@ -85,6 +86,7 @@ WINDOWED_COUNT = (
 )
 
 
+@pytest.mark.slow
 def test_stateful_new_generation_stops_unless_empty_state_is_allowed(
     make_pipeline: Callable[..., Pipeline],
 ) -> None:

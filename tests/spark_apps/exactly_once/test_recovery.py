@@ -47,6 +47,7 @@ def config_for(pipeline: Pipeline, mode: str, max_offsets: int, **overrides: Any
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["partitioned", "coordinated"])
 def test_a_batch_committed_to_kafka_but_not_to_the_checkpoint_is_skipped(
     make_pipeline: PipelineFactory, mode: str
@@ -71,6 +72,7 @@ def test_a_batch_committed_to_kafka_but_not_to_the_checkpoint_is_skipped(
     assert pipeline.progress() == pipeline.end_offsets()
 
 
+@pytest.mark.slow
 def test_sigterm_lets_the_batch_in_flight_commit_and_restart_does_no_replay(
     make_pipeline: PipelineFactory,
 ) -> None:
@@ -99,6 +101,7 @@ def test_sigterm_lets_the_batch_in_flight_commit_and_restart_does_no_replay(
     assert pipeline.progress() == pipeline.end_offsets()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["partitioned", "coordinated"])
 def test_losing_the_checkpoint_loses_and_repeats_nothing(
     make_pipeline: PipelineFactory, mode: str

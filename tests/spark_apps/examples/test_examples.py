@@ -101,6 +101,7 @@ def _from_manifest(pipeline: Pipeline, name: str, **overrides: Any) -> dict[str,
     )
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_examples_clean_then_count_impressions_exactly(make_pipeline: PipelineFactory) -> None:

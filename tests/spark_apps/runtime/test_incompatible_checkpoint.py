@@ -17,6 +17,7 @@ from tests.spark_apps.conftest import PipelineFactory
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 
+@pytest.mark.slow
 def test_a_different_aggregation_on_the_same_checkpoint_is_incompatible(
     make_pipeline: PipelineFactory, tmp_path: Path
 ) -> None:

@@ -42,6 +42,7 @@ def _generations(store: ObjectStoreCheckpoints, pipeline: Pipeline) -> set[str]:
     return {key.split("/", 1)[0] for key in store.keys(pipeline.name)}
 
 
+@pytest.mark.slow
 def test_a_deleted_prefix_is_a_lost_checkpoint_and_the_next_generation_resumes_from_g(
     make_pipeline: PipelineFactory, s3_checkpoints: ObjectStoreCheckpoints
 ) -> None:
@@ -90,6 +91,7 @@ SUMMING = {
 }
 
 
+@pytest.mark.slow
 def test_generations_live_side_by_side_in_the_bucket(
     make_pipeline: PipelineFactory, s3_checkpoints: ObjectStoreCheckpoints
 ) -> None:
