@@ -49,6 +49,7 @@ import yaml
 
 from devenv.cluster import REPO, LocalCluster
 from devenv.kafka import KafkaBroker
+from devenv.processes import QUICK_JVM_OPTIONS
 from eop_spark.examples.impressions import sample_event
 
 CHART = REPO / "charts" / "eop"
@@ -393,6 +394,9 @@ def pipeline_manifest(name: str, broker: KafkaBroker, images: Images) -> dict[st
     spec["trigger"] = {"processingTime": "2s"}
     spec["spark"]["master"] = "local[1]"
     spec["spark"]["driver"] = {"cores": 1, "memory": "768m"}
+    # Minutes-long drivers on 2 cores: the JVM's quick-start flags (as devenv's JVMs have).
+    conf = spec["spark"].setdefault("conf", {})
+    conf["spark.driver.extraJavaOptions"] = " ".join(QUICK_JVM_OPTIONS)
     if name == COUNT:
         from eop_spark.examples.impressions import COUNT_IMPRESSIONS_SQL
 
