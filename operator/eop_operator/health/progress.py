@@ -29,7 +29,7 @@ from functools import partial
 
 from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.health.stall import PartitionOffsets, Reading
-from eop_operator.kube.client import KubeClient, KubeError
+from eop_operator.kube.client import KubeClient, KubeError, KubeUnavailable
 from eop_spark.contract.errors import EopError
 from eop_spark.contract.kafka_access import (
     ProgressGroup,
@@ -70,9 +70,14 @@ class KafkaAccess:
 
 
 async def read_secret(client: KubeClient, namespace: str, name: str) -> dict[str, str]:
-    """The properties of a Secret (one per key), decoded; raises ProgressUnavailable."""
+    """The properties of a Secret (one per key), decoded; raises ProgressUnavailable.
+
+    An API server that does not answer is not the Secret's fault: KubeUnavailable passes.
+    """
     try:
         secret = await client.get("v1", "Secret", namespace, name)
+    except KubeUnavailable:
+        raise
     except KubeError as exc:
         raise ProgressUnavailable(f"cannot read Secret {name}: {exc}") from None
     if secret is None:
