@@ -493,14 +493,37 @@ def test_replicas_elect_a_leader(helm: Helm) -> None:
     dep = deployment(render(helm, "replicaCount=2", "leaderElection.leaseDuration=20"))
     assert dep["spec"]["replicas"] == 2
     (container,) = dep["spec"]["template"]["spec"]["containers"]
-    args = build_parser().parse_args(container["args"])
+    args = build_parser().parse_args(kubelet_args(container, POD_IP="10.1.0.5"))
     assert args.leader_election and args.leader_election_id == "eop"
     assert args.lease_duration == 20 and args.metrics_port == 9090
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
-    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    assert env == {
+        "POD_NAME": "metadata.name",
+        "POD_NAMESPACE": "metadata.namespace",
+        "POD_IP": "status.podIP",
+    }
     # Host-network pods cannot surge on one node (same ports): the old one stops first.
     on_host = deployment(render(helm, "hostNetwork=true"))
     assert on_host["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def kubelet_args(container: dict[str, Any], **env: str) -> list[str]:
+    """The container's args as the kubelet passes them: ``$(VAR)`` replaced from ``env``."""
+    args = container["args"]
+    for name, value in env.items():
+        args = [a.replace(f"$({name})", value) for a in args]
+    return list(args)
+
+
+@pytest.mark.kube
+def test_metrics_listen_on_the_pod_ip_unless_the_chart_says_otherwise(helm: Helm) -> None:
+    (container,) = deployment(render(helm))["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(kubelet_args(container, POD_IP="10.1.0.5"))
+    assert args.metrics_address == "10.1.0.5"  # not every address of a host-network pod
+    (container,) = deployment(render(helm, "metrics.address=0.0.0.0"))["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert build_parser().parse_args(container["args"]).metrics_address == "0.0.0.0"
 
 
 @pytest.mark.kube
@@ -572,6 +595,7 @@ def test_driver_pod_monitor_selects_the_driver_pods(helm: Helm, values: tuple[st
         ("pipelinePolicy.allowHostNetworks=true", "allowHostNetworks"),
         ("clusterWide=yes", "clusterWide"),
         ("operatorUpgrade.parallelism=0", "parallelism"),
+        ("metrics.address=everywhere", "address"),
     ],
 )
 def test_values_typos_fail_the_schema(helm: Helm, value: str, complaint: str) -> None:

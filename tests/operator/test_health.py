@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import socket
 import time
-import urllib.request
+import urllib.error
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,7 @@ from eop_operator.health.stall import (
 from eop_operator.kube.client import KubeError, KubeUnavailable
 from eop_operator.kube.lease import LeaseAction, LeaseRecord, decide
 from eop_spark.contract.spec import KafkaSource
-from tests.operator.scrape import scrape, value
+from tests.operator.scrape import free_port, http_get, scrape, value
 
 WINDOW = 300.0
 
@@ -380,31 +379,46 @@ def test_metrics_recorders() -> None:
 
 
 def test_metrics_and_liveness_endpoints() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        unused_tcp_port = sock.getsockname()[1]
+    port = free_port()
 
-    async def scrape() -> tuple[str, str]:
-        endpoint = metrics.Endpoint("127.0.0.1", unused_tcp_port, "/metrics")
-        liveness = metrics.Endpoint.parse(f"http://127.0.0.1:{unused_tcp_port}/healthz")
+    async def scrape_both() -> tuple[str, str]:
+        endpoint = metrics.Endpoint("127.0.0.1", port, "/metrics")
+        liveness = metrics.Endpoint.parse(f"http://127.0.0.1:{port}/healthz")
         runner = await metrics.serve(metrics=endpoint, liveness=liveness)
         try:
-            base = f"http://127.0.0.1:{unused_tcp_port}"
-
-            def get(path: str) -> str:
-                with urllib.request.urlopen(base + path, timeout=5) as response:
-                    return str(response.read().decode())
-
-            return await asyncio.to_thread(get, "/metrics"), await asyncio.to_thread(
-                get, "/healthz"
+            base = f"http://127.0.0.1:{port}"
+            return await asyncio.to_thread(http_get, base + "/metrics"), await asyncio.to_thread(
+                http_get, base + "/healthz"
             )
         finally:
             await runner.cleanup()
 
     metrics.set_leader(False)
-    text, health = asyncio.run(scrape())
+    text, health = asyncio.run(scrape_both())
     assert "eop_operator_leader 0.0" in text and "# TYPE eop_pipelines gauge" in text
     assert '"leader": false' in health
+
+
+def test_metrics_listen_only_on_the_address_given() -> None:
+    port = free_port()
+
+    async def reach() -> tuple[str, Exception | None]:
+        runner = await metrics.serve(
+            metrics=metrics.Endpoint("127.0.0.2", port, "/metrics"), liveness=None
+        )
+        try:
+            text = await asyncio.to_thread(http_get, f"http://127.0.0.2:{port}/metrics")
+            try:
+                await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
+            except OSError as exc:
+                return text, exc
+            return text, None
+        finally:
+            await runner.cleanup()
+
+    text, elsewhere = asyncio.run(reach())
+    assert "eop_operator_leader" in text
+    assert isinstance(elsewhere, urllib.error.URLError), "another address answered"
 
 
 class HealthApi:
