@@ -12,6 +12,7 @@ ServiceAccount can do everything the operator does and no more.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import secrets
@@ -94,6 +95,16 @@ def of_kind(objects: list[Manifest], kind: str) -> list[Manifest]:
 def deployment(objects: list[Manifest]) -> Manifest:
     (found,) = of_kind(objects, "Deployment")
     return found
+
+
+#: The pod's IP the kubelet puts in place of ``$(POD_IP)`` in the tests' operator args.
+POD_IP = "10.1.0.5"
+
+
+def operator_args(container: Manifest) -> argparse.Namespace:
+    """``eop operator``'s reading of the container's args, ``$(POD_IP)`` expanded as the
+    kubelet does; exits on an unknown flag."""
+    return build_parser().parse_args([a.replace("$(POD_IP)", POD_IP) for a in container["args"]])
 
 
 def is_leader_election(role: Manifest) -> bool:
@@ -233,7 +244,7 @@ def test_args_follow_values(helm: Helm) -> None:
 def test_args_are_understood_by_eop_operator(helm: Helm, values: tuple[str, ...]) -> None:
     objects = render(helm, *values)
     (container,) = deployment(objects)["spec"]["template"]["spec"]["containers"]
-    args = build_parser().parse_args(container["args"])  # exits on an unknown flag
+    args = operator_args(container)  # exits on an unknown flag
     assert args.command == "operator"
     assert args.liveness == "http://0.0.0.0:8080/healthz"
     assert args.default_image == "localhost/eop-spark:0.1.0"
@@ -253,7 +264,7 @@ def test_operator_upgrade_parallelism_survives_an_upgrade_with_reuse_values(helm
     operatorUpgrade, and the operator still restarts one driver at a time."""
     for value, parallelism in [("operatorUpgrade=null", 1), ("operatorUpgrade.parallelism=3", 3)]:
         (container,) = deployment(render(helm, value))["spec"]["template"]["spec"]["containers"]
-        args = build_parser().parse_args(container["args"])
+        args = operator_args(container)
         assert args.operator_upgrade_parallelism == parallelism, value
 
 
@@ -264,7 +275,7 @@ def test_pipeline_policy_values_allow_node_access(helm: Helm) -> None:
         ("pipelinePolicy.allowHostPathVolumes=true", "allow_host_path_volumes"),
     ]:
         (container,) = deployment(render(helm, value))["spec"]["template"]["spec"]["containers"]
-        args = vars(build_parser().parse_args(container["args"]))
+        args = vars(operator_args(container))
         assert args[flag], value
         assert not any(v for k, v in args.items() if k.startswith("allow_") and k != flag)
 
@@ -286,7 +297,7 @@ def test_the_local_clusters_values_run_host_network_pipelines(helm: Helm, tmp_pa
     assert result.returncode == 0, result.stderr
     objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
     (container,) = deployment(objects)["spec"]["template"]["spec"]["containers"]
-    args = build_parser().parse_args(container["args"])
+    args = operator_args(container)
     assert args.allow_host_network and args.namespace == ["ads"]
 
 
@@ -493,7 +504,7 @@ def test_replicas_elect_a_leader(helm: Helm) -> None:
     dep = deployment(render(helm, "replicaCount=2", "leaderElection.leaseDuration=20"))
     assert dep["spec"]["replicas"] == 2
     (container,) = dep["spec"]["template"]["spec"]["containers"]
-    args = build_parser().parse_args(kubelet_args(container, POD_IP="10.1.0.5"))
+    args = operator_args(container)
     assert args.leader_election and args.leader_election_id == "eop"
     assert args.lease_duration == 20 and args.metrics_port == 9090
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
@@ -507,23 +518,15 @@ def test_replicas_elect_a_leader(helm: Helm) -> None:
     assert on_host["spec"]["strategy"] == {"type": "Recreate"}
 
 
-def kubelet_args(container: dict[str, Any], **env: str) -> list[str]:
-    """The container's args as the kubelet passes them: ``$(VAR)`` replaced from ``env``."""
-    args = container["args"]
-    for name, value in env.items():
-        args = [a.replace(f"$({name})", value) for a in args]
-    return list(args)
-
-
 @pytest.mark.kube
 def test_metrics_listen_on_the_pod_ip_unless_the_chart_says_otherwise(helm: Helm) -> None:
     (container,) = deployment(render(helm))["spec"]["template"]["spec"]["containers"]
-    args = build_parser().parse_args(kubelet_args(container, POD_IP="10.1.0.5"))
-    assert args.metrics_address == "10.1.0.5"  # not every address of a host-network pod
+    args = operator_args(container)
+    assert args.metrics_address == POD_IP  # not every address of a host-network pod
     (container,) = deployment(render(helm, "metrics.address=0.0.0.0"))["spec"]["template"]["spec"][
         "containers"
     ]
-    assert build_parser().parse_args(container["args"]).metrics_address == "0.0.0.0"
+    assert operator_args(container).metrics_address == "0.0.0.0"
 
 
 @pytest.mark.kube
