@@ -210,7 +210,8 @@ class KubeClient:
         """One request, retried while the server throttles (429), fails (5xx) or drops it.
 
         A POST is retried only when the server cannot have acted on it: a 429, or no
-        connection at all.  After ``retry.attempts`` attempts: :class:`KubeUnavailable`.
+        connection at all; a request that timed out is not retried.  After
+        ``retry.attempts`` attempts: :class:`KubeUnavailable`.
         """
         logged_in = False
         attempt = 0
@@ -224,7 +225,9 @@ class KubeClient:
             except aiohttp.ClientConnectorError as exc:
                 status, payload = 0, f"cannot connect: {exc}"
             except (aiohttp.ClientError, TimeoutError) as exc:
-                if method == "POST":  # it may have been acted on: not ours to repeat
+                # A POST may have been acted on: not ours to repeat.  A request that timed
+                # out already waited the session's 30 s: the caller's next look comes sooner.
+                if method == "POST" or isinstance(exc, TimeoutError):
                     raise KubeUnavailable(0, f"{method} {path}: no response: {exc!r}") from exc
                 status, payload = 0, f"no response: {exc!r}"
             if status == 401 and not logged_in:
