@@ -7,6 +7,7 @@ Heavy imports (kopf, pyspark) happen inside the subcommand that needs them, so
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 
 #: Exit code for a manifest or configuration the user must fix.
 EXIT_INVALID = 2
+#: Where ``/metrics`` listens unless ``--metrics-address`` says otherwise: this host only.
+METRICS_ADDRESS = "127.0.0.1"
 
 
 def _fail(message: str) -> int:
@@ -192,7 +195,9 @@ async def _operate(args: argparse.Namespace, options: OperatorOptions) -> int:
     log = logging.getLogger("eop_operator")
     metrics_port = args.metrics_port or int(os.environ.get("EOP_METRICS_PORT", "0") or 0)
     endpoints = await metrics.serve(
-        metrics=metrics.Endpoint("0.0.0.0", metrics_port, "/metrics") if metrics_port else None,
+        metrics=metrics.Endpoint(args.metrics_address, metrics_port, "/metrics")
+        if metrics_port
+        else None,
         liveness=metrics.Endpoint.parse(args.liveness) if args.liveness else None,
     )
     elector: LeaderElector | None = None
@@ -257,6 +262,14 @@ def _at_least_one(text: str) -> int:
     return value
 
 
+def _ip_address(text: str) -> str:
+    """An option that must be an IP address (IPv4 or IPv6, ``0.0.0.0``/``::`` for all)."""
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an IP address: {text!r}") from None
+
+
 def _add_driver_role(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--driver-role",
@@ -313,6 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port",
         type=int,
         help="serve Prometheus metrics on this port at /metrics (default $EOP_METRICS_PORT)",
+    )
+    op.add_argument(
+        "--metrics-address",
+        default=METRICS_ADDRESS,
+        type=_ip_address,
+        metavar="IP",
+        help="the address /metrics listens on: the pod's IP for a Prometheus in the cluster, "
+        f"0.0.0.0 for every address (default {METRICS_ADDRESS}: this host only)",
     )
     op.add_argument(
         "--leader-election",

@@ -11,7 +11,12 @@ functions below, so metric names and labels live in one place:
   ``eop_pipelines`` gauge counts pipelines by phase; ``eop_pipeline_phase`` is 1 for the
   phase each pipeline is in and 0 for the others);
 * :func:`set_lag` — the pipeline's lag from the progress group, in total and by partition;
-* :func:`set_leader` — whether this replica holds the leader lease.
+* :func:`set_leader` — whether this replica holds the leader lease;
+* :func:`record_reconcile_failure` — a lifecycle step that failed (``error``: the
+  exception's class, e.g. ``KubeUnavailable``, ``InvalidPipeline``);
+* :func:`record_check_failure` / :func:`record_check_success` — a health check that failed
+  (``kind``: ``kafka`` or ``api``, which side did not answer) or succeeded (the time of
+  the last good check of each pipeline).
 
 :func:`serve` starts the endpoints in the operator's event loop before kopf
 runs, so a standby replica answers probes and scrapes too.
@@ -74,6 +79,28 @@ LEADER = Gauge(
     "eop_operator_leader", "1 while this replica holds the leader lease.", registry=REGISTRY
 )
 
+RECONCILE_FAILURES = Counter(
+    "eop_reconcile_failures",
+    "Lifecycle steps that failed, by the error's class (refused specs included).",
+    ["namespace", "pipeline", "error"],
+    registry=REGISTRY,
+)
+CHECK_FAILURES = Counter(
+    "eop_health_check_failures",
+    "Health checks that failed, by kind: kafka (offsets unreadable, progress group not "
+    "refreshed) or api (the API server did not answer).",
+    ["namespace", "pipeline", "kind"],
+    registry=REGISTRY,
+)
+CHECK_SUCCESS = Gauge(
+    "eop_health_check_last_success_timestamp_seconds",
+    "When the pipeline's last health check read its progress and reported it (epoch seconds).",
+    ["namespace", "pipeline"],
+    registry=REGISTRY,
+)
+#: The kinds of health-check failure (``eop_health_check_failures_total{kind}``).
+KAFKA, API = "kafka", "api"
+
 _phases: dict[tuple[str, str], str] = {}
 _partitions: dict[tuple[str, str], set[tuple[str, int]]] = {}
 _leader = {"now": False}
@@ -111,8 +138,9 @@ def forget(namespace: str, name: str) -> None:
     _phases.pop((namespace, name), None)
     _recount()
     _forget_phase(namespace, name)
-    with contextlib.suppress(KeyError):
-        LAG.remove(namespace, name)
+    for gauge in (LAG, CHECK_SUCCESS):
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, name)
     _set_partitions(namespace, name, {})
 
 
@@ -147,6 +175,21 @@ def record_upgrade(namespace: str, name: str, mode: str, seconds: float) -> None
     """Count one finished upgrade (``mode`` as in spec.upgrade.mode) and observe its duration."""
     UPGRADES.labels(namespace=namespace, pipeline=name, mode=mode).inc()
     UPGRADE_SECONDS.labels(mode=mode).observe(seconds)
+
+
+def record_reconcile_failure(namespace: str, name: str, error: BaseException) -> None:
+    """Count one failed lifecycle step of a pipeline, by the class of its error."""
+    RECONCILE_FAILURES.labels(namespace=namespace, pipeline=name, error=type(error).__name__).inc()
+
+
+def record_check_failure(namespace: str, name: str, kind: str) -> None:
+    """Count one failed health check of a pipeline (``kind``: :data:`KAFKA` or :data:`API`)."""
+    CHECK_FAILURES.labels(namespace=namespace, pipeline=name, kind=kind).inc()
+
+
+def record_check_success(namespace: str, name: str, at: float) -> None:
+    """Record when a pipeline's health check last succeeded (epoch seconds)."""
+    CHECK_SUCCESS.labels(namespace=namespace, pipeline=name).set(at)
 
 
 def set_leader(leader: bool) -> None:

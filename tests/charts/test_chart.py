@@ -12,6 +12,7 @@ ServiceAccount can do everything the operator does and no more.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import secrets
@@ -94,6 +95,16 @@ def of_kind(objects: list[Manifest], kind: str) -> list[Manifest]:
 def deployment(objects: list[Manifest]) -> Manifest:
     (found,) = of_kind(objects, "Deployment")
     return found
+
+
+#: The pod's IP the kubelet puts in place of ``$(POD_IP)`` in the tests' operator args.
+POD_IP = "10.1.0.5"
+
+
+def operator_args(container: Manifest) -> argparse.Namespace:
+    """``eop operator``'s reading of the container's args, ``$(POD_IP)`` expanded as the
+    kubelet does; exits on an unknown flag."""
+    return build_parser().parse_args([a.replace("$(POD_IP)", POD_IP) for a in container["args"]])
 
 
 def is_leader_election(role: Manifest) -> bool:
@@ -233,7 +244,7 @@ def test_args_follow_values(helm: Helm) -> None:
 def test_args_are_understood_by_eop_operator(helm: Helm, values: tuple[str, ...]) -> None:
     objects = render(helm, *values)
     (container,) = deployment(objects)["spec"]["template"]["spec"]["containers"]
-    args = build_parser().parse_args(container["args"])  # exits on an unknown flag
+    args = operator_args(container)  # exits on an unknown flag
     assert args.command == "operator"
     assert args.liveness == "http://0.0.0.0:8080/healthz"
     assert args.default_image == "localhost/eop-spark:0.1.0"
@@ -253,7 +264,7 @@ def test_operator_upgrade_parallelism_survives_an_upgrade_with_reuse_values(helm
     operatorUpgrade, and the operator still restarts one driver at a time."""
     for value, parallelism in [("operatorUpgrade=null", 1), ("operatorUpgrade.parallelism=3", 3)]:
         (container,) = deployment(render(helm, value))["spec"]["template"]["spec"]["containers"]
-        args = build_parser().parse_args(container["args"])
+        args = operator_args(container)
         assert args.operator_upgrade_parallelism == parallelism, value
 
 
@@ -264,7 +275,7 @@ def test_pipeline_policy_values_allow_node_access(helm: Helm) -> None:
         ("pipelinePolicy.allowHostPathVolumes=true", "allow_host_path_volumes"),
     ]:
         (container,) = deployment(render(helm, value))["spec"]["template"]["spec"]["containers"]
-        args = vars(build_parser().parse_args(container["args"]))
+        args = vars(operator_args(container))
         assert args[flag], value
         assert not any(v for k, v in args.items() if k.startswith("allow_") and k != flag)
 
@@ -286,7 +297,7 @@ def test_the_local_clusters_values_run_host_network_pipelines(helm: Helm, tmp_pa
     assert result.returncode == 0, result.stderr
     objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
     (container,) = deployment(objects)["spec"]["template"]["spec"]["containers"]
-    args = build_parser().parse_args(container["args"])
+    args = operator_args(container)
     assert args.allow_host_network and args.namespace == ["ads"]
 
 
@@ -493,14 +504,29 @@ def test_replicas_elect_a_leader(helm: Helm) -> None:
     dep = deployment(render(helm, "replicaCount=2", "leaderElection.leaseDuration=20"))
     assert dep["spec"]["replicas"] == 2
     (container,) = dep["spec"]["template"]["spec"]["containers"]
-    args = build_parser().parse_args(container["args"])
+    args = operator_args(container)
     assert args.leader_election and args.leader_election_id == "eop"
     assert args.lease_duration == 20 and args.metrics_port == 9090
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
-    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    assert env == {
+        "POD_NAME": "metadata.name",
+        "POD_NAMESPACE": "metadata.namespace",
+        "POD_IP": "status.podIP",
+    }
     # Host-network pods cannot surge on one node (same ports): the old one stops first.
     on_host = deployment(render(helm, "hostNetwork=true"))
     assert on_host["spec"]["strategy"] == {"type": "Recreate"}
+
+
+@pytest.mark.kube
+def test_metrics_listen_on_the_pod_ip_unless_the_chart_says_otherwise(helm: Helm) -> None:
+    (container,) = deployment(render(helm))["spec"]["template"]["spec"]["containers"]
+    args = operator_args(container)
+    assert args.metrics_address == POD_IP  # not every address of a host-network pod
+    (container,) = deployment(render(helm, "metrics.address=0.0.0.0"))["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert operator_args(container).metrics_address == "0.0.0.0"
 
 
 @pytest.mark.kube
@@ -572,6 +598,7 @@ def test_driver_pod_monitor_selects_the_driver_pods(helm: Helm, values: tuple[st
         ("pipelinePolicy.allowHostNetworks=true", "allowHostNetworks"),
         ("clusterWide=yes", "clusterWide"),
         ("operatorUpgrade.parallelism=0", "parallelism"),
+        ("metrics.address=everywhere", "address"),
     ],
 )
 def test_values_typos_fail_the_schema(helm: Helm, value: str, complaint: str) -> None:

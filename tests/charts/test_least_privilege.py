@@ -79,8 +79,10 @@ def chart_args(cp: ControlPlane) -> list[str]:
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     args: list[str] = container["args"]
     assert args[0] == "operator"
-    # Ports of the pod's own: OperatorProcess serves liveness and metrics on free ones.
-    return [a for a in args[1:] if not a.startswith(("--liveness=", "--metrics-port="))]
+    # Ports and address of the pod's own: OperatorProcess serves liveness and metrics on free
+    # ports of this host.
+    own = ("--liveness=", "--metrics-port=", "--metrics-address=")
+    return [a for a in args[1:] if not a.startswith(own)]
 
 
 def pipeline(name: str, **spec: Any) -> dict[str, Any]:

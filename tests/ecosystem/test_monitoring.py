@@ -56,6 +56,9 @@ def test_every_alert_fires_as_tested_by_promtool() -> None:
         "EopPipelineLagGrowing",
         "EopDriverCrashLooping",
         "EopTransactionsFenced",
+        "EopPipelineStuck",
+        "EopHealthChecksFailing",
+        "EopNoOperatorLeader",
     }
     cases = yaml.safe_load(RULES_TEST.read_text())["tests"]
     fired = {t["alertname"] for case in cases for t in case["alert_rule_test"] if t["exp_alerts"]}

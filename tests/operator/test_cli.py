@@ -103,3 +103,14 @@ def test_run_keeps_a_manifests_checkpoint_in_its_object_storage(
     # A URI given on the command line stays a URI (not a path with one slash).
     assert main(["run", str(path), "--checkpoint-root", "s3a://other/x", "--generation", "2"]) == 0
     assert started[1].checkpoint_location == "s3a://other/x/gen-2"
+
+
+def test_metrics_listen_on_this_host_only_unless_told_an_ip_address(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert build_parser().parse_args(["operator", "-A"]).metrics_address == "127.0.0.1"
+    args = build_parser().parse_args(["operator", "-A", "--metrics-address", "fd00::5"])
+    assert args.metrics_address == "fd00::5"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["operator", "-A", "--metrics-address", "pod-ip"])
+    assert "--metrics-address: not an IP address: 'pod-ip'" in capsys.readouterr().err

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import socket
-import urllib.request
+import time
+import urllib.error
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,9 @@ from devenv.certs import make_certs, strimzi_user_secret_data
 from eop_operator import metrics
 from eop_operator.api.load import load_pipeline
 from eop_operator.api.status_patch import merge_patch
+from eop_operator.controller import health_monitor
+from eop_operator.controller.context import Context, OperatorOptions
+from eop_operator.controller.health_monitor import HealthMemory, HealthMonitor
 from eop_operator.health.keep_alive import driver_runs
 from eop_operator.health.progress import (
     KafkaAccess,
@@ -37,8 +40,10 @@ from eop_operator.health.stall import (
     remember,
     worst_partitions,
 )
+from eop_operator.kube.client import KubeError, KubeUnavailable
 from eop_operator.kube.lease import LeaseAction, LeaseRecord, decide
 from eop_spark.contract.spec import KafkaSource
+from tests.operator.scrape import free_port, http_get, scrape, value
 
 WINDOW = 300.0
 
@@ -268,20 +273,23 @@ class SecretsApi:
         return self.secret
 
 
-def tls_pipeline(secret: str) -> Any:
+def tls_body(secret: str, name: str = "p") -> dict[str, Any]:
+    """A pipeline manifest whose Kafka clients authenticate with Secret ``secret``."""
     kafka = {"bootstrapServers": "k:9093", "secretRef": {"name": secret}}
-    return load_pipeline(
-        {
-            "apiVersion": "exactlyonce.io/v1alpha1",
-            "kind": "ExactlyOncePipeline",
-            "metadata": {"name": "p", "namespace": "ns"},
-            "spec": {
-                "source": {"kafka": {**kafka, "topics": ["in"]}},
-                "transform": {"sql": "SELECT key, value FROM source"},
-                "sink": {"kafka": {**kafka, "topic": "out"}},
-            },
-        }
-    )
+    return {
+        "apiVersion": "exactlyonce.io/v1alpha1",
+        "kind": "ExactlyOncePipeline",
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+        "spec": {
+            "source": {"kafka": {**kafka, "topics": ["in"]}},
+            "transform": {"sql": "SELECT key, value FROM source"},
+            "sink": {"kafka": {**kafka, "topic": "out"}},
+        },
+    }
+
+
+def tls_pipeline(secret: str) -> Any:
+    return load_pipeline(tls_body(secret))
 
 
 def test_a_strimzi_user_secret_with_binary_pkcs12_gives_the_health_check_its_tls(
@@ -371,31 +379,110 @@ def test_metrics_recorders() -> None:
 
 
 def test_metrics_and_liveness_endpoints() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        unused_tcp_port = sock.getsockname()[1]
+    port = free_port()
 
-    async def scrape() -> tuple[str, str]:
-        endpoint = metrics.Endpoint("127.0.0.1", unused_tcp_port, "/metrics")
-        liveness = metrics.Endpoint.parse(f"http://127.0.0.1:{unused_tcp_port}/healthz")
+    async def scrape_both() -> tuple[str, str]:
+        endpoint = metrics.Endpoint("127.0.0.1", port, "/metrics")
+        liveness = metrics.Endpoint.parse(f"http://127.0.0.1:{port}/healthz")
         runner = await metrics.serve(metrics=endpoint, liveness=liveness)
         try:
-            base = f"http://127.0.0.1:{unused_tcp_port}"
-
-            def get(path: str) -> str:
-                with urllib.request.urlopen(base + path, timeout=5) as response:
-                    return str(response.read().decode())
-
-            return await asyncio.to_thread(get, "/metrics"), await asyncio.to_thread(
-                get, "/healthz"
+            base = f"http://127.0.0.1:{port}"
+            return await asyncio.to_thread(http_get, base + "/metrics"), await asyncio.to_thread(
+                http_get, base + "/healthz"
             )
         finally:
             await runner.cleanup()
 
     metrics.set_leader(False)
-    text, health = asyncio.run(scrape())
+    text, health = asyncio.run(scrape_both())
     assert "eop_operator_leader 0.0" in text and "# TYPE eop_pipelines gauge" in text
     assert '"leader": false' in health
+
+
+def test_metrics_listen_only_on_the_address_given() -> None:
+    port = free_port()
+
+    async def reach() -> tuple[str, Exception | None]:
+        runner = await metrics.serve(
+            metrics=metrics.Endpoint("127.0.0.2", port, "/metrics"), liveness=None
+        )
+        try:
+            text = await asyncio.to_thread(http_get, f"http://127.0.0.2:{port}/metrics")
+            try:
+                await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
+            except OSError as exc:
+                return text, exc
+            return text, None
+        finally:
+            await runner.cleanup()
+
+    text, elsewhere = asyncio.run(reach())
+    assert "eop_operator_leader" in text
+    assert isinstance(elsewhere, urllib.error.URLError), "another address answered"
+
+
+class HealthApi:
+    """The API server a health check talks to: the Secret read as scripted, status written."""
+
+    def __init__(self, secret: KubeError | None) -> None:
+        self.secret = secret
+        self.status: list[dict[str, Any]] = []
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:
+        if self.secret is not None:
+            raise self.secret
+        return None  # no such Secret
+
+    async def patch(self, *args: Any, subresource: str | None = None) -> Any:
+        self.status.append(args[-1])
+        return {"metadata": {"namespace": args[2], "name": args[3]}}
+
+
+def check_once(api: HealthApi, body: dict[str, Any]) -> str:
+    """One health check of ``body`` (its driver running) through ``api``; then a scrape."""
+    meta = body["metadata"]
+    driver = {
+        "kind": "Pod",
+        "metadata": {"name": f"{meta['name']}-driver-0"},
+        "status": {"phase": "Running", "containerStatuses": [_RUNNING]},
+    }
+    monitor = HealthMonitor(Context.of(OperatorOptions(), api))  # type: ignore[arg-type]
+
+    async def run() -> str:
+        pods = {(meta["namespace"], meta["name"]): [driver]}
+        await monitor.check(body, HealthMemory(), pods)  # type: ignore[arg-type]
+        return await scrape()
+
+    return asyncio.run(run())
+
+
+def test_failed_health_checks_are_counted_by_kind_in_the_metrics() -> None:
+    unavailable = KubeUnavailable(503, "GET secrets: gave up after 6 attempts")
+    text = check_once(HealthApi(unavailable), tls_body("kafka-user", "api-down"))
+    labels = {"namespace": "ns", "pipeline": "api-down"}
+    assert value(text, "eop_health_check_failures_total", **labels, kind="api") == 1
+    assert value(text, "eop_health_check_failures_total", **labels, kind="kafka") is None
+
+    api = HealthApi(None)  # the Secret is gone: the offsets cannot be read
+    text = check_once(api, tls_body("kafka-user", "no-secret"))
+    labels = {"namespace": "ns", "pipeline": "no-secret"}
+    assert value(text, "eop_health_check_failures_total", **labels, kind="kafka") == 1
+    assert value(text, "eop_health_check_last_success_timestamp_seconds", **labels) is None
+    assert "Secret kafka-user does not exist" in str(api.status)
+
+
+def test_a_good_health_check_is_timestamped_in_the_metrics(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def readable(*_: Any) -> Reading:
+        return obs(time.time(), part(0, 10, 10))
+
+    monkeypatch.setattr(health_monitor, "read_progress", readable)
+    before = time.time()
+    text = check_once(HealthApi(None), tls_body("kafka-user", "good"))
+    labels = {"namespace": "ns", "pipeline": "good"}
+    assert (value(text, "eop_health_check_last_success_timestamp_seconds", **labels) or 0) >= before
+    assert value(text, "eop_health_check_failures_total", **labels, kind="kafka") is None
 
 
 def test_endpoint_urls() -> None:

@@ -24,6 +24,7 @@ from eop_operator.kube.observed import Observed, OwnWrites
 from eop_operator.reconcile.children import stamp_rendered_hash
 from eop_operator.reconcile.failover import stamp
 from eop_operator.render import render_pipeline
+from tests.operator.scrape import scrape, value
 
 
 class _NoCalls:
@@ -105,12 +106,19 @@ def test_a_failed_lifecycle_step_is_tried_again_at_the_next_timer_tick() -> None
             pipeline, default_image="eop:test", generation=generation, reset_progress=reset
         )
 
-    async def scenario() -> bool:
+    failures = {"namespace": "ns", "pipeline": "p", "error": "KubeError"}
+
+    async def scenario() -> tuple[bool, float, float]:
+        before = value(await scrape(), "eop_reconcile_failures_total", **failures) or 0.0
         with pytest.raises(KubeError):
             await lifecycle.drive(observed, ("ns", "p"), render)
-        return lifecycle.due(("ns", "p"))
+        after = value(await scrape(), "eop_reconcile_failures_total", **failures)
+        assert after is not None, "the failure is not in /metrics"
+        return lifecycle.due(("ns", "p")), before, after
 
-    assert asyncio.run(scenario()), "a failed step waits for its next look"
+    due, before, after = asyncio.run(scenario())
+    assert due, "a failed step waits for its next look"
+    assert after == before + 1, "the failed step is counted in /metrics"
 
 
 class _Answering:

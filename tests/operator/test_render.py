@@ -303,7 +303,7 @@ def test_pod_network_drivers_keep_the_conventional_ports(manifest: dict[str, Any
     objects = _objects(manifest)
     _, container = _driver(objects)
     declared = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert declared == {"spark-ui": 4040, "metrics": 9090, "driver-rpc": 7078, "blockmanager": 7079}
+    assert declared == {"metrics": 9090, "driver-rpc": 7078, "blockmanager": 7079}  # no Spark UI
     assert not any("hostPort" in p for p in container["ports"])
     assert {p["name"]: p["port"] for p in objects["Service"]["spec"]["ports"]} == declared
     run = json.loads(objects["ConfigMap"]["data"]["run.json"])

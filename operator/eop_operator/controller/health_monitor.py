@@ -131,24 +131,34 @@ class HealthMonitor:
             return INVALID_RETRY_S
         interval = duration_ms(pipeline.spec.health.check_interval) / 1000
         deleting = bool(body["metadata"].get("deletionTimestamp"))
+        namespace, name = pipeline.metadata.namespace, pipeline.metadata.name
+        failed: str | None = None  # the kind of the first failure of this check
         problem = None  # what status.progress.message says after this check
         if not pipeline.spec.suspend and not deleting:
             try:
                 outcome = await self.check_lag(body, pipeline, memory, _driver_pod(pods, pipeline))
-                problem = outcome if isinstance(outcome, str) else None
+                if isinstance(outcome, str):
+                    problem, failed = outcome, metrics.KAFKA
+                else:
+                    metrics.record_check_success(namespace, name, time.time())
             except (KubeError, OSError) as exc:
                 log.warning("health check of %s failed: %s", pipeline.pipeline_id, exc)
+                failed = metrics.API
         else:
             # A resumed pipeline gets a fresh window.
             memory.history, memory.restarted_at = None, None
         if not deleting:
             try:
                 pod = _driver_pod(pods, pipeline)  # as the watch sees it now, after the check
-                failed = await self.keep_alive_without_driver(pipeline, memory, pod)
-                if failed and problem is None:  # a failed check says it first
-                    problem = f"no driver runs: {failed}"
+                refresh = await self.keep_alive_without_driver(pipeline, memory, pod)
+                if refresh:
+                    failed = failed or metrics.KAFKA
+                    problem = (
+                        problem or f"no driver runs: {refresh}"
+                    )  # a failed check says it first
             except (KubeError, OSError) as exc:
                 log.warning("keeping %s's progress failed: %s", pipeline.pipeline_id, exc)
+                failed = failed or metrics.API
             interval = min(interval, memory.refresh.interval_s or interval)
         if problem is not None:
             # One write for both: an unreachable broker fails the check and the refresh alike.
@@ -156,6 +166,8 @@ class HealthMonitor:
                 await self._write(body, problem_patch(problem, checked_at=time.time()))
             except (KubeError, OSError) as exc:
                 log.warning("reporting %s's progress failed: %s", pipeline.pipeline_id, exc)
+        if failed is not None:
+            metrics.record_check_failure(namespace, name, failed)
         return interval
 
     async def _write(self, body: Mapping[str, Any], patch: Any) -> None:

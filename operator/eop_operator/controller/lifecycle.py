@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from eop_operator import metrics
 from eop_operator.api.load import InvalidPipeline
 from eop_operator.api.resolve import IdentityChanged
 from eop_operator.controller.context import Context
@@ -127,9 +128,13 @@ class Lifecycle:
                         self.context, observed, subject, render, memory, departed
                     )
                 except refusable as exc:
+                    metrics.record_reconcile_failure(namespace, name, exc)
                     self.context.slots.update(key, holds=False)  # it waits for its user now
                     await refuse(self.context, body, exc)
                     wait = LOOK_SECONDS  # what made it invalid may go (another pipeline's claim)
+                except Exception as exc:  # kopf logs it and tries again at the next trigger
+                    metrics.record_reconcile_failure(namespace, name, exc)
+                    raise
                 if wait is not None:
                     # What the step read, as its own writes left it: whatever else changed
                     # meanwhile (an event during the step) is news for the next trigger.

@@ -4,7 +4,8 @@ The operator uses the same client settings as the driver: the spec's
 bootstrap servers and options, plus the referenced Secrets, which it reads
 through the API (``get`` on that one Secret) instead of a mounted volume.
 Secret values go to the Kafka clients only; an error message that would
-contain one is redacted before it reaches the status or the log.
+contain one, plain or encoded (eop_spark.contract.redaction), is redacted before it
+reaches the status or the log.
 
 The source's end offsets are read from the source cluster, G from the sink
 cluster, under the names the runner commits it under
@@ -29,7 +30,7 @@ from functools import partial
 
 from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.health.stall import PartitionOffsets, Reading
-from eop_operator.kube.client import KubeClient, KubeError
+from eop_operator.kube.client import KubeClient, KubeError, KubeUnavailable
 from eop_spark.contract.errors import EopError
 from eop_spark.contract.kafka_access import (
     ProgressGroup,
@@ -40,12 +41,11 @@ from eop_spark.contract.kafka_access import (
 )
 from eop_spark.contract.offsets import EARLIEST, LATEST, TopicPartition, starting_offsets
 from eop_spark.contract.progress_names import ProgressNames, progress_names
+from eop_spark.contract.redaction import Redactor
 from eop_spark.contract.spec import KafkaSource
 
 #: Seconds each Kafka request of a check may take.
 DEFAULT_TIMEOUT_S = 10.0
-#: Secret values shorter than this are not redacted (they would match everywhere).
-_MIN_REDACTED = 4
 
 
 class ProgressUnavailable(Exception):
@@ -62,17 +62,19 @@ class KafkaAccess:
     secrets: tuple[str, ...] = ()
 
     def redact(self, message: str) -> str:
-        """``message`` with every Secret value replaced by ``***``."""
-        for value in sorted(self.secrets, key=len, reverse=True):
-            if len(value) >= _MIN_REDACTED:
-                message = message.replace(value, "***")
-        return message
+        """``message`` with every Secret value, plain or encoded, replaced by ``***``."""
+        return Redactor(self.secrets).redact(message)
 
 
 async def read_secret(client: KubeClient, namespace: str, name: str) -> dict[str, str]:
-    """The properties of a Secret (one per key), decoded; raises ProgressUnavailable."""
+    """The properties of a Secret (one per key), decoded; raises ProgressUnavailable.
+
+    An API server that does not answer is not the Secret's fault: KubeUnavailable passes.
+    """
     try:
         secret = await client.get("v1", "Secret", namespace, name)
+    except KubeUnavailable:
+        raise
     except KubeError as exc:
         raise ProgressUnavailable(f"cannot read Secret {name}: {exc}") from None
     if secret is None:

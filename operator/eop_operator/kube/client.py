@@ -10,11 +10,18 @@ operator authenticates the same way for watching and for writing.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import email.utils
+import json
+import logging
 import os
+import random
 import ssl
 import tempfile
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -52,12 +59,67 @@ _KINDS: dict[tuple[str, str], tuple[str, str]] = {
 }
 
 
+#: Statuses that say "not now" rather than "no": throttled (429) or a failing server.
+RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+log = logging.getLogger(__name__)
+
+
 class KubeError(RuntimeError):
     """The API server refused a request; ``status`` is its HTTP status code."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+
+
+class KubeUnavailable(KubeError):
+    """The API server stayed throttling, failing or unreachable through every attempt.
+
+    ``status`` is the last HTTP status, 0 when the last attempt got no response.
+    """
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a request is retried when the API server throttles, fails or drops it.
+
+    The delay before attempt n+1 is the server's ``Retry-After`` when it sends one
+    (at most ``max_delay_s``), else ``base_delay_s * 2**(n-1)`` with jitter, capped too.
+    """
+
+    attempts: int = 6
+    base_delay_s: float = 0.5
+    max_delay_s: float = 10.0
+
+    def delay(self, attempt: int, retry_after: str | None) -> float:
+        """Seconds to wait after failed attempt ``attempt`` (1-based)."""
+        hinted = parse_retry_after(retry_after)
+        if hinted is not None:
+            return min(hinted, self.max_delay_s)
+        backoff = self.base_delay_s * 2 ** (attempt - 1)
+        return float(min(backoff * random.uniform(0.5, 1.0), self.max_delay_s))
+
+
+def _retryable(method: str, status: int) -> bool:
+    """Whether to try a request again after ``status`` (0: no connection was made)."""
+    if status in (0, 429):  # never reached the server, or refused before acting
+        return True
+    return status in RETRIED_STATUSES and method != "POST"  # a POST may have been acted on
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """A ``Retry-After`` header in seconds (delta-seconds or an HTTP date); None if absent."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def object_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
@@ -114,8 +176,11 @@ def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext:
 class KubeClient:
     """Apply, read, patch and delete namespaced objects with kopf's credentials."""
 
-    def __init__(self, login: Callable[[], kopf.ConnectionInfo]) -> None:
+    def __init__(
+        self, login: Callable[[], kopf.ConnectionInfo], retry: RetryPolicy | None = None
+    ) -> None:
         self._login = login
+        self.retry = retry or RetryPolicy()
         self._session: aiohttp.ClientSession | None = None
         self._server = ""
 
@@ -142,27 +207,80 @@ class KubeClient:
         content_type: str = "application/json",
         params: dict[str, str] | None = None,
     ) -> dict[str, Any] | None:
-        for attempt in (1, 2):
-            if self._session is None:
-                self._session = self._open()
-            async with self._session.request(
-                method,
-                self._server + path,
-                json=body,
-                params=params,
-                headers={"Content-Type": content_type},
-            ) as response:
-                if response.status == 401 and attempt == 1:
-                    # Bound service-account tokens rotate: log in again once.
-                    await self.close()
-                    continue
-                if response.status == 404 and method in ("GET", "DELETE"):
-                    return None
-                payload: dict[str, Any] = await response.json(content_type=None)
-                if response.status >= 400:
-                    raise KubeError(response.status, str(payload.get("message", payload)))
+        """One request, retried while the server throttles (429), fails (5xx) or drops it.
+
+        A POST is retried only when the server cannot have acted on it: a 429, or no
+        connection at all; a request that timed out is not retried.  After
+        ``retry.attempts`` attempts: :class:`KubeUnavailable`.
+        """
+        logged_in = False
+        attempt = 0
+        while True:
+            attempt += 1
+            retry_after: str | None = None
+            try:
+                status, payload, retry_after = await self._send(
+                    method, path, body=body, content_type=content_type, params=params
+                )
+            except aiohttp.ClientConnectorError as exc:
+                status, payload = 0, f"cannot connect: {exc}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                # A POST may have been acted on: not ours to repeat.  A request that timed
+                # out already waited the session's 30 s: the caller's next look comes sooner.
+                if method == "POST" or isinstance(exc, TimeoutError):
+                    raise KubeUnavailable(0, f"{method} {path}: no response: {exc!r}") from exc
+                status, payload = 0, f"no response: {exc!r}"
+            if status == 401 and not logged_in:
+                # Bound service-account tokens rotate: log in again once.
+                logged_in = True
+                await self.close()
+                attempt -= 1
+                continue
+            if status == 404 and method in ("GET", "DELETE"):
+                return None
+            if isinstance(payload, dict) and status < 400:
                 return payload
-        raise KubeError(401, "unauthorized after a fresh login")
+            message = str(payload.get("message", payload) if isinstance(payload, dict) else payload)
+            if not _retryable(method, status):
+                raise KubeError(status, message)
+            if attempt >= self.retry.attempts:
+                raise KubeUnavailable(
+                    status, f"{method} {path}: gave up after {attempt} attempts, last: {message}"
+                )
+            delay = self.retry.delay(attempt, retry_after)
+            log.info(
+                "API server %s on %s %s (attempt %d/%d); retrying in %.1fs",
+                status or "unreachable", method, path, attempt, self.retry.attempts, delay,
+            )  # fmt: skip
+            if status == 0:
+                await self.close()  # a dropped connection may leave the pool broken
+            await asyncio.sleep(delay)
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any,
+        content_type: str,
+        params: dict[str, str] | None,
+    ) -> tuple[int, dict[str, Any] | str, str | None]:
+        """One attempt: the status, the JSON body (or the raw text) and any Retry-After."""
+        if self._session is None:
+            self._session = self._open()
+        async with self._session.request(
+            method,
+            self._server + path,
+            json=body,
+            params=params,
+            headers={"Content-Type": content_type},
+        ) as response:
+            text = await response.text()
+            try:
+                payload: dict[str, Any] | str = json.loads(text) if text else {}
+            except ValueError:
+                payload = text[:200]  # a proxy's HTML error page, say
+            return response.status, payload, response.headers.get("Retry-After")
 
     async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply ``obj`` (force: the operator owns the fields it renders)."""

@@ -118,7 +118,9 @@ class DriverPorts:
 
     def declared(self, on_kubernetes: bool) -> list[tuple[str, int]]:
         """(name, port) of the container ports to declare (and publish on the Service)."""
-        named = [("spark-ui", self.ui), ("metrics", self.metrics)]
+        # Not the Spark UI: the runner turns it off (eop_spark.runtime.session), and one a
+        # spec turns on is for `kubectl port-forward`, never published on the Service.
+        named = [("metrics", self.metrics)]
         if on_kubernetes:
             named += [("driver-rpc", self.driver_rpc), ("blockmanager", self.block_manager)]
         return [(name, port) for name, port in named if port != EPHEMERAL]

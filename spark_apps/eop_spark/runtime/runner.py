@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from eop_spark.contract.errors import EXIT_OK, EopError, PipelineFailed, from_failure
 from eop_spark.contract.offsets import Offsets, TopicPartition
 from eop_spark.contract.progress_names import ProgressNames, progress_names
+from eop_spark.contract.redaction import Redactor
 from eop_spark.contract.run_config import RunConfig
 from eop_spark.contract.termination import failure_line
 from eop_spark.exactly_once.coordinated import CoordinatedSink
@@ -50,7 +51,12 @@ from eop_spark.exactly_once.partitioned.task import warm_up_workers
 from eop_spark.exactly_once.progress_group import ProgressGroup
 from eop_spark.exactly_once.sink_settings import SinkSettings, take_over
 from eop_spark.kafka import preflight
-from eop_spark.kafka.client_config import sink_java_config, source_client_config, without_java_only
+from eop_spark.kafka.client_config import (
+    read_secret_dir,
+    sink_java_config,
+    source_client_config,
+    without_java_only,
+)
 from eop_spark.kafka.preflight import cluster_id
 from eop_spark.runtime.batch_gate import BatchGate
 from eop_spark.runtime.batch_log import configure_logging, log_batch
@@ -77,8 +83,21 @@ ARROW_PATH = NativeProduce()
 TASK_HAND_OFF = HubHandOff()
 
 
-def _report_failure(error: EopError) -> None:
-    line = failure_line(error)
+def secret_redactor(config: RunConfig) -> Redactor:
+    """The values of the run's mounted Secrets, to keep out of its termination message
+    (which the operator copies into the pipeline's status and events)."""
+    values: list[str] = []
+    for directory in (config.source_secret_dir, config.sink_secret_dir):
+        try:
+            values += read_secret_dir(directory).values()
+        except (EopError, OSError):
+            continue  # unreadable: its error is the failure, with no value in it
+    return Redactor(tuple(values))
+
+
+def report_failure(error: EopError, redactor: Redactor) -> None:
+    """Report a failure on stderr and in ``$EOP_TERMINATION_LOG``, Secret values redacted."""
+    line = redactor.redact(failure_line(error))
     print(line, file=sys.stderr, flush=True)
     path = os.environ.get("EOP_TERMINATION_LOG")
     if path:
@@ -97,11 +116,11 @@ def run(config: RunConfig, *, log_format: str = "text") -> int:
     try:
         return PipelineRun(config, stop).run()
     except EopError as error:
-        _report_failure(error)
+        report_failure(error, secret_redactor(config))
         return error.exit_code
     except Exception as exc:
         log.exception("unexpected failure")
-        _report_failure(from_failure(exc))
+        report_failure(from_failure(exc), secret_redactor(config))
         return 1
 
 

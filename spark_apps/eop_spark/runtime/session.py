@@ -93,7 +93,10 @@ def session_conf(
         # Any other byte limit than Int.MaxValue (Spark 4.0's default is 256 MB) makes the
         # JVM measure the Arrow batch after every row it adds: a fifth of the driver's CPU.
         "spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1),
-        # Whoever reaches the UI cannot stop the query's jobs from there.
+        # No Spark UI: a driver with executors as pods listens on the pod's IP (SPARK_LOCAL_IP,
+        # which its RPC needs), so the UI would answer every pod of the cluster. A spec may
+        # turn it on (spark.ui.enabled, then `kubectl port-forward`), never its kill buttons.
+        "spark.ui.enabled": "false",
         "spark.ui.killEnabled": "false",
     }
     if os.environ.get(worker_daemon.NO_WORKER_DAEMON_ENV) != "1":
@@ -128,7 +131,6 @@ def session_conf(
         conf |= {
             "spark.driver.host": "127.0.0.1",
             "spark.driver.bindAddress": "127.0.0.1",
-            "spark.ui.enabled": "false",
         }
     user = dict(spark.conf)
     if "spark.driver.extraJavaOptions" in user:

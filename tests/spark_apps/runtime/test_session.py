@@ -30,6 +30,15 @@ def test_local_runs_stay_on_loopback_and_size_shuffles_to_the_cores() -> None:
     assert conf["spark.sql.session.timeZone"] == "UTC"
 
 
+def test_no_driver_serves_the_spark_ui_unless_its_spec_asks_and_none_can_kill_from_it() -> None:
+    on_pods = {"master": "k8s://https://api:6443"}
+    conf = session_conf(make_config(spark=on_pods), [], Path("/tmp/l.properties"))
+    assert conf["spark.ui.enabled"] == "false"  # it would listen on the pod's IP
+    asked = {"spark.ui.enabled": "true", "spark.ui.killEnabled": "true"}
+    conf = session_conf(make_config(spark={**on_pods, "conf": asked}), [], Path("/tmp/l.p"))
+    assert (conf["spark.ui.enabled"], conf["spark.ui.killEnabled"]) == ("true", "false")
+
+
 def test_user_conf_wins_and_java_options_are_appended() -> None:
     config = make_config(
         spark={
