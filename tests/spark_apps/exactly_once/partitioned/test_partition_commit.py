@@ -195,3 +195,25 @@ def test_a_row_below_an_intermediate_commit_fails_the_task(partition: Partition)
         rows = slow_task(partition, list(range(10)), list(range(10, 20)), [5], fail=False)
         commit_partition(task, tp, rows)
     assert partition.progress() == {tp: 10}
+
+
+def test_an_input_that_ends_early_moves_g_only_over_its_rows(partition: Partition) -> None:
+    """The rows of ``[0, 30)`` stop at 19 (filtered out, or cut by an upstream failure).
+
+    G stops after row 19, under a partial marker; the driver's offsets-only
+    commit after the job brings it to the batch end.
+    """
+    tp = partition.tp
+    task = PartitionTask(partition.sink, {tp: 30}, LAYOUT, "q:30", "run")
+    outcome = commit_partition(task, tp, partition.rows(0, 20))
+    assert (outcome.status, outcome.short) == ("committed", True)
+    group = ProgressGroup(partition.sink.progress, partition.sink.client_config)
+    try:
+        progress = group.read({tp})
+    finally:
+        group.close()
+    assert progress.offsets == {tp: 20}
+    assert progress.metadata[tp].rstrip("\0") == "q:30:partial"
+    assert commit_partition(task, tp, ()).short is False  # the driver's top-up
+    assert partition.progress() == {tp: 30}
+    assert partition.output() == list(range(20))
