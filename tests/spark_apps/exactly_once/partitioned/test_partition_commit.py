@@ -69,11 +69,16 @@ class Partition:
         )
 
     def progress(self) -> Offsets:
+        return self.progress_and_marker()[0]
+
+    def progress_and_marker(self) -> tuple[Offsets, str]:
+        """G's offset for the partition, and the marker it was committed with."""
         group = ProgressGroup(self.sink.progress, self.sink.client_config)
         try:
-            return group.committed([self.tp])
+            progress = group.read({self.tp})
         finally:
             group.close()
+        return progress.offsets, progress.metadata.get(self.tp, "").rstrip("\0")
 
 
 @pytest.fixture
@@ -166,13 +171,8 @@ def test_a_long_range_is_committed_in_parts_and_a_replay_repeats_none(
         commit_partition(task, tp, dying)
     # Each batch after a pause committed what came before it; the last one was aborted.
     assert partition.output() == list(range(20))
-    group = ProgressGroup(partition.sink.progress, partition.sink.client_config)
-    try:
-        progress = group.read({tp})
-    finally:
-        group.close()
-    assert progress.offsets == {tp: 20}
-    assert progress.metadata[tp].rstrip("\0") == "q:30:partial"  # never taken for the batch
+    # never taken for the batch
+    assert partition.progress_and_marker() == ({tp: 20}, "q:30:partial")
     assert commit_partition(task, tp, partition.rows(0, 30)).status == "committed"
     assert partition.output() == list(range(30))
     assert partition.progress() == {tp: 30}
@@ -207,13 +207,7 @@ def test_an_input_that_ends_early_moves_g_only_over_its_rows(partition: Partitio
     task = PartitionTask(partition.sink, {tp: 30}, LAYOUT, "q:30", "run")
     outcome = commit_partition(task, tp, partition.rows(0, 20))
     assert (outcome.status, outcome.short) == ("committed", True)
-    group = ProgressGroup(partition.sink.progress, partition.sink.client_config)
-    try:
-        progress = group.read({tp})
-    finally:
-        group.close()
-    assert progress.offsets == {tp: 20}
-    assert progress.metadata[tp].rstrip("\0") == "q:30:partial"
+    assert partition.progress_and_marker() == ({tp: 20}, "q:30:partial")
     assert commit_partition(task, tp, ()).short is False  # the driver's top-up
     assert partition.progress() == {tp: 30}
     assert partition.output() == list(range(20))
