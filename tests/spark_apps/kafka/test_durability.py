@@ -8,8 +8,10 @@ where one copy is all there is, nothing is refused.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, ResourceType
@@ -18,9 +20,11 @@ from devenv.kafka import KafkaBroker
 from devenv.kafka_cluster import KafkaCluster
 from eop_spark.contract.errors import EnvironmentNotReady
 from eop_spark.contract.progress_names import ProgressNames
+from eop_spark.contract.run_config import RunConfig
 from eop_spark.contract.spec import Durability
 from eop_spark.exactly_once.cross_cluster import ProgressTopics
 from eop_spark.kafka.durability import Floors, check_topics, floors, new_topic_settings
+from eop_spark.runtime.runner import PipelineRun
 
 pytestmark = pytest.mark.kafka
 
@@ -66,6 +70,36 @@ def test_a_sink_topic_below_the_floors_is_refused_by_name(
     assert len(warned) == 1
     assert f"sink topic {lenient} has replication factor 3 and min.insync.replicas 1" in warned[0]
     assert check_topics(conf, {durable: "sink topic"}, Durability.REFUSE) == []
+
+
+def run_config(cluster: KafkaCluster, sink_topic: str, **sink: Any) -> RunConfig:
+    """A run config whose sink topic is ``sink_topic`` on ``cluster``."""
+    servers = cluster.bootstrap_servers
+    return RunConfig.model_validate(
+        {
+            "pipeline": "ns.p",
+            "source": {"kafka": {"bootstrapServers": servers, "topics": ["in"]}},
+            "transform": {"sql": "SELECT value FROM source"},
+            "sink": {"kafka": {"bootstrapServers": servers, "topic": sink_topic} | sink},
+            "transactionalIdPrefix": "eop.ns.p",
+            "progressGroup": "eop.ns.p",
+            "checkpointRoot": "/nowhere",
+        }
+    )
+
+
+def test_the_runner_refuses_by_default_and_warns_when_told(
+    kafka_cluster: KafkaCluster, cluster_topics: list[str]
+) -> None:
+    single = f"out-single-{uuid.uuid4().hex[:8]}"
+    kafka_cluster.create_topic(single, 1, replication_factor=1)
+    cluster_topics.append(single)
+    conf = kafka_cluster.client_config()
+    refusing = PipelineRun(run_config(kafka_cluster, single), threading.Event())
+    with pytest.raises(EnvironmentNotReady, match=f"sink topic {single} has replication factor 1"):
+        refusing.check_durability(conf, [("in", 0)])
+    warning = PipelineRun(run_config(kafka_cluster, single, durability="warn"), threading.Event())
+    warning.check_durability(conf, [("in", 0)])  # logged, not raised
 
 
 def test_progress_topics_are_created_at_the_floors(
