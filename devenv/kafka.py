@@ -143,9 +143,10 @@ class KafkaClients:
         config: Mapping[str, str] | None = None,
         exist_ok: bool = False,
         timeout: float = 30.0,
+        replication_factor: int = -1,
     ) -> None:
-        """Create a topic (the brokers' ``default.replication.factor``) and wait until all its
-        partitions have leaders.
+        """Create a topic (by default with the brokers' ``default.replication.factor``) and
+        wait until all its partitions have leaders.
 
         Raises :class:`KafkaBrokerError` if it exists already, unless ``exist_ok``.
         """
@@ -156,7 +157,7 @@ class KafkaClients:
 
         admin = AdminClient(self.client_config({"log_level": 3}))
         futures = admin.create_topics(
-            [NewTopic(name, partitions, -1, config=dict(config or {}))],
+            [NewTopic(name, partitions, replication_factor, config=dict(config or {}))],
             operation_timeout=timeout,
             request_timeout=timeout,
         )

@@ -11,12 +11,14 @@ brokers report, the same offsets and commit metadata, inside a transaction.
 Why it is safe (docs/exactly-once.md, "Failure modes and their guards"):
 
 * it runs only while no container of the driver pod runs (or no pod exists):
-  :func:`driver_runs`; a status the kubelet has not updated yet can at worst
-  fence a runner that just started (it fails its batch and restarts), never
-  change ``G``, by the next two points;
-* its producer takes ``<prefix>.driver`` and then initialises every partition
-  id before it reads ``G``: a zombie runner of either commit mode is fenced
-  and its open transaction aborted, so the stable read sees settled offsets;
+  :func:`driver_runs`; a status the kubelet has not updated yet can let it run
+  while a runner that just started commits, and the next two points keep ``G``
+  where that runner puts it;
+* it initialises ``<prefix>.driver`` and then every partition id before it
+  reads ``G``: a zombie runner of either commit mode is fenced and its open
+  transaction aborted, so the stable read sees settled offsets; each partition
+  is re-committed under its own id, and only if ``G`` did not move since it
+  was read (``refresh_without_runner``);
 * a runner that comes back (resume, or any new driver) initialises every id
   of the pipeline before it reads ``G``, the driver id included: the
   operator's producer is fenced before the runner reads anything, and a
@@ -53,7 +55,7 @@ from eop_spark.contract.kafka_access import (
     commit_offsets,
     offsets_retention_ms,
     refresh_interval_s,
-    refresh_with_driver_id,
+    refresh_without_runner,
 )
 from eop_spark.contract.offsets import Offsets
 from eop_spark.contract.progress_names import ProgressNames
@@ -117,7 +119,7 @@ def refresh_suspended_progress(
                 progress=names,
                 group_metadata=progress.group_metadata(),
             )
-            refreshed = refresh_with_driver_id(settings, progress, list(source.watermarks))
+            refreshed = refresh_without_runner(settings, progress, list(source.watermarks))
         finally:
             progress.close()
     except EopError as exc:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from eop_spark.exactly_once.keep_alive import (
     offsets_retention_ms,
     refresh_interval_s,
-    refresh_with_driver_id,
+    refresh_without_runner,
 )
 from eop_spark.exactly_once.progress_group import ProgressGroup, commit_offsets
 from eop_spark.exactly_once.sink_settings import SinkSettings
@@ -36,7 +36,7 @@ __all__ = [
     "commit_offsets",
     "offsets_retention_ms",
     "refresh_interval_s",
-    "refresh_with_driver_id",
+    "refresh_without_runner",
     "secret_text",
     "sink_librdkafka_config",
     "source_librdkafka_config",

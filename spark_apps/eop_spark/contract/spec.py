@@ -507,6 +507,13 @@ class CommitMode(StrEnum):
     COORDINATED = "coordinated"
 
 
+class Durability(StrEnum):
+    """What the runner does with a sink or progress topic replicated below the safe floor."""
+
+    REFUSE = "refuse"
+    WARN = "warn"
+
+
 class KafkaSink(SpecModel):
     """Where the pipeline writes, transactionally."""
 
@@ -526,6 +533,12 @@ class KafkaSink(SpecModel):
     transaction_timeout: Annotated[Duration, at_least("transactionTimeout", "1s")] = Field(
         default="60s",
         description="Kafka transaction.timeout.ms of the sink producers; at least 1s.",
+    )
+    durability: Durability = Field(
+        default=Durability.REFUSE,
+        description="refuse (the runner does not start) or warn (it logs and starts) when, on a "
+        "sink cluster of 2 or more brokers, the sink topic or a progress topic has a "
+        "replication factor below min(3, brokers) or min.insync.replicas below 2.",
     )
     options: SinkOptions = Field(
         default_factory=dict,

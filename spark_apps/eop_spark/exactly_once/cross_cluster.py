@@ -6,10 +6,12 @@ partition's offset under a progress topic of the sink cluster (see
 that mode needs beyond the mapping:
 
 * :class:`ProgressTopics` -- the sink cluster's progress topics.  Before any
-  output the runner creates them (``cleanup.policy=compact``, the cluster's
-  default replication) with at least their source topics' partitions, and
-  before a batch commits it grows them for partitions or topics that appeared
-  since (added partitions, a topic pattern's new topic).  Nothing ever writes a
+  output the runner creates them (``cleanup.policy=compact``; on a cluster
+  of two or more brokers at the durability floors of
+  :mod:`eop_spark.kafka.durability`, else the cluster's default replication)
+  with at least their source topics' partitions, and before a batch commits
+  it grows them for partitions or topics that appeared since (added
+  partitions, a topic pattern's new topic).  Nothing ever writes a
   record to them: their partitions only let the sink cluster's group
   coordinator accept ``G``'s offsets, in the sink's own transactions.  A
   configuration where that cannot be done (credentials that may not create,
@@ -35,6 +37,7 @@ from eop_spark.contract.offsets import Offsets, TopicPartition
 from eop_spark.contract.progress_names import ProgressNames, name_clash
 from eop_spark.exactly_once.progress_group import GroupCommitter
 from eop_spark.kafka.client_config import EAGER_CONNECTIONS
+from eop_spark.kafka.durability import new_topic_settings
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +151,14 @@ class ProgressTopics:
         from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.cimpl import NewTopic
 
-        topic = NewTopic(name, num_partitions=count, replication_factor=-1, config=TOPIC_CONFIG)
+        brokers = len(self._admin.list_topics(timeout=ADMIN_TIMEOUT_S).brokers)
+        replication, durable = new_topic_settings(brokers)
+        topic = NewTopic(
+            name,
+            num_partitions=count,
+            replication_factor=replication,
+            config={**TOPIC_CONFIG, **durable},
+        )
         future = self._admin.create_topics([topic], request_timeout=ADMIN_TIMEOUT_S)[name]
         try:
             future.result(timeout=ADMIN_TIMEOUT_S)

@@ -128,6 +128,7 @@ def check_progress_kept(
     offsets (named in the message).
     """
     current = set(partitions)
+    check_progress_not_behind(config, earlier, committed, current, names)
     missing = {
         tp: offset
         for tp, offset in sorted(earlier.offsets.items())
@@ -156,6 +157,45 @@ def check_progress_kept(
         "would repeat or skip output. Restore the offsets (kafka-consumer-groups --reset-offsets "
         f"--group {config.progress_group}{restore}) "
         "or set spec.source.kafka.allowMissingProgress: true to start them at startingOffsets"
+    )
+
+
+def check_progress_not_behind(
+    config: RunConfig,
+    earlier: EarlierProgress,
+    committed: Mapping[TopicPartition, int],
+    partitions: Iterable[TopicPartition],
+    names: ProgressNames | None = None,
+) -> None:
+    """Raise :class:`ProgressMissing` when G holds a partition below where it was before.
+
+    After an earlier generation completed a batch, G held at least the
+    batch's end offsets; less now means G went back (a commit by hand, or a
+    commit that raced a runner), and starting there would repeat output.  A
+    stateless generation resets G on purpose (``config.reset_progress``) and
+    is not asked.
+    """
+    if config.reset_progress:
+        return
+    current = set(partitions)
+    behind = [
+        (tp, committed[tp], offset)
+        for tp, offset in sorted(earlier.offsets.items())
+        if tp in current and tp in committed and committed[tp] < offset
+    ]
+    if not behind:
+        return
+    where = (names or ProgressNames(config.progress_group)).where()
+    found = ", ".join(
+        f"{t}-{p} at {g}, below the {offset} gen-{earlier.generation[(t, p)]} completed"
+        for (t, p), g, offset in behind
+    )
+    restore = to_spark_json({tp: offset for tp, _, offset in behind})
+    raise ProgressMissing(
+        f"{describe_generation(config)}: {where} went back: it holds {found}; starting there "
+        "would repeat output. Restore the offsets (kafka-consumer-groups --reset-offsets "
+        f"--group {config.progress_group}; earlier generations had read to {restore}), or "
+        "reprocess on purpose with upgrade.mode stateless"
     )
 
 

@@ -18,10 +18,13 @@ so a commit that succeeds proves no other holder of that id moved ``G`` in
 between; a newer holder fences the refresh and its commit fails harmlessly.
 
 * :func:`refresh` -- one transaction of a given producer (the coordinated
-  sink's own, under ``<prefix>.driver``; or the operator's);
+  sink's own, under ``<prefix>.driver``);
 * :func:`refresh_each_partition` -- the partitioned mode: one transaction per
   partition under that partition's own id ``<prefix>.<topic>.<partition>``,
   the only id the partitioned sink moves that partition of ``G`` with;
+* :func:`refresh_without_runner` -- the operator's, for a pipeline it
+  believes has no runner: every id fenced, each partition under its own id,
+  committed only if ``G`` did not move since it was read;
 * :func:`offsets_retention_ms` -- the broker's actual retention;
 * :class:`KeepAlive` -- the runner's thread that refreshes between batches.
 """
@@ -34,6 +37,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from eop_spark.contract.errors import ProducerFenced
 from eop_spark.contract.offsets import Offsets, TopicPartition
 from eop_spark.exactly_once.progress_group import ProgressGroup
 from eop_spark.exactly_once.sink_settings import SinkSettings
@@ -102,14 +106,18 @@ def refresh(
     progress: ProgressGroup,
     partitions: Iterable[TopicPartition],
     group_metadata: Any,
+    *,
+    recheck: ProgressGroup | None = None,
 ) -> Offsets:
     """Re-commit what ``G`` holds for ``partitions``, in one transaction of ``producer``.
 
     ``producer`` must have been initialised before this call (its
     ``init_transactions`` fences older holders of its id): the stable read of
     ``G`` comes after, and the commit succeeds only if nobody took the id
-    over since.  Partitions ``G`` does not hold are left alone.  Returns the
-    offsets re-committed.
+    over since.  Partitions ``G`` does not hold are left alone.  ``recheck``
+    (a reader that does not wait for pending transactions): ``G`` is read
+    again inside the transaction, and the transaction is aborted when another
+    id moved it since the first read.  Returns the offsets re-committed.
     """
     held = progress.read(partitions)
     if not held.offsets:
@@ -119,6 +127,10 @@ def refresh(
         # One call per distinct marker: send_offsets gives all its offsets one metadata.
         for marker, offsets in _by_marker(held.offsets, held.metadata).items():
             producer.send_offsets(offsets, group_metadata, marker, names=progress.names)
+        if recheck is not None and recheck.read(held.offsets).offsets != held.offsets:
+            log.info("%s: moved by a runner while refreshed, left to it", progress.group)
+            producer.abort()
+            return {}
         producer.commit()
     except BaseException:
         producer.abort()
@@ -140,25 +152,39 @@ def refresh_each_partition(
     return done
 
 
-def refresh_with_driver_id(
+def refresh_without_runner(
     settings: SinkSettings, progress: ProgressGroup, partitions: Iterable[TopicPartition]
 ) -> Offsets:
-    """Fence every id of the pipeline, then re-commit ``G`` under ``<prefix>.driver``.
+    """Fence every id of the pipeline, then re-commit each partition of ``G`` under its own id.
 
-    For a pipeline with no runner (the operator, while it is suspended): the
-    driver id's producer is initialised first, then every partition id (so a
-    zombie of either mode is fenced and its open transaction aborted) before
-    ``G`` is read.  A runner that starts takes every id over before it reads
-    ``G``, so it fences this producer first.
+    For a pipeline the operator believes has no runner (from a pod status
+    that may be stale): the driver id's producer is initialised first, then
+    every partition id (a zombie of either mode is fenced and its open
+    transaction aborted), and all are held until the end.  Each partition is
+    re-committed under its own id, the one a partitioned runner moves it
+    with: a runner that took the id since fences the commit (left to it).  A
+    coordinated runner moves ``G`` under the driver id, which it must take
+    back first; ``G`` is read again inside each transaction, which is aborted
+    when ``G`` moved.  So a refresh never moves ``G`` back.
     """
     wanted = sorted(set(partitions))
-    producer = TransactionalProducer(settings.producer_config())
+    producers = [TransactionalProducer(settings.producer_config())]
+    unstable = ProgressGroup(progress.names, settings.client_config, stable=False)
+    done: Offsets = {}
     try:
-        for tp in wanted:
-            TransactionalProducer(settings.producer_config(tp)).close()
-        return refresh(producer, progress, wanted, settings.group_metadata)
+        producers += [TransactionalProducer(settings.producer_config(tp)) for tp in wanted]
+        for tp, producer in zip(wanted, producers[1:], strict=True):
+            try:
+                done.update(
+                    refresh(producer, progress, [tp], settings.group_metadata, recheck=unstable)
+                )
+            except ProducerFenced:
+                log.info("%s: taken by a runner while refreshed, left to it", tp)
+        return done
     finally:
-        producer.close()
+        for producer in producers:
+            producer.close()
+        unstable.close()
 
 
 class KeepAlive:

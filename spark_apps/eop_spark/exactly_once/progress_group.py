@@ -39,18 +39,22 @@ class Progress:
     metadata: dict[TopicPartition, str]
 
 
-def consumer_config(group: str, client_config: Mapping[str, Any]) -> dict[str, Any]:
+def consumer_config(
+    group: str, client_config: Mapping[str, Any], *, stable: bool = True
+) -> dict[str, Any]:
     """The settings of the idle consumer that reads ``G`` (the sink client settings under it).
 
     It connects eagerly (:data:`EAGER_CONNECTIONS`) unless the sink options
     say otherwise: a runner reads G on its way to its first batch.
+    ``stable`` False: it reads the offsets committed so far without waiting
+    for pending transactions (its own included).
     """
     return {
         **EAGER_CONNECTIONS,
         **client_config,
         "group.id": group,
         "enable.auto.commit": False,
-        "isolation.level": "read_committed",
+        "isolation.level": "read_committed" if stable else "read_uncommitted",
         "log_level": 0,
     }
 
@@ -65,13 +69,19 @@ class ProgressGroup:
     in it while a fresh cluster's group coordinator is not available yet.)
     """
 
-    def __init__(self, names: ProgressNames, client_config: Mapping[str, Any]) -> None:
-        """``names``: where ``G`` keeps its offsets; ``client_config``: the sink cluster's."""
+    def __init__(
+        self, names: ProgressNames, client_config: Mapping[str, Any], *, stable: bool = True
+    ) -> None:
+        """``names``: where ``G`` keeps its offsets; ``client_config``: the sink cluster's.
+
+        ``stable`` False: reads do not wait for pending transactions (see
+        :func:`consumer_config`); only for a check from inside a transaction.
+        """
         from confluent_kafka import Consumer
 
         self.names = names
         self.group = names.group
-        self._consumer = Consumer(consumer_config(names.group, client_config))
+        self._consumer = Consumer(consumer_config(names.group, client_config, stable=stable))
 
     def committed(
         self, partitions: Iterable[TopicPartition], timeout: float = DEFAULT_TIMEOUT_S

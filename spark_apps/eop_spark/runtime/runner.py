@@ -50,7 +50,7 @@ from eop_spark.exactly_once.keep_alive import KeepAlive, refresh_each_partition
 from eop_spark.exactly_once.partitioned.task import warm_up_workers
 from eop_spark.exactly_once.progress_group import ProgressGroup
 from eop_spark.exactly_once.sink_settings import SinkSettings, take_over
-from eop_spark.kafka import preflight
+from eop_spark.kafka import durability, preflight
 from eop_spark.kafka.client_config import (
     read_secret_dir,
     sink_java_config,
@@ -176,6 +176,7 @@ class PipelineRun:
         partitions = preflight.source_partitions(source, kafka.topics, kafka.topic_pattern)
         preflight.sink_partition_count(sink, config.sink.kafka.topic)
         names = self.place_progress(source.id, sink.id, source_conf, sink_conf, partitions)
+        self.check_durability(sink_conf, partitions)
         if self.stop.is_set():
             return EXIT_OK
         if config.metrics_port is not None:
@@ -231,6 +232,19 @@ class PipelineRun:
                 names.group,
             )
         return names
+
+    def check_durability(self, sink_conf: dict[str, str], partitions: list[TopicPartition]) -> None:
+        """Refuse (or warn of, per ``sink.kafka.durability``) topics kept in too few copies.
+
+        The sink topic, and G's progress topics when there are any (see
+        :mod:`eop_spark.kafka.durability`).
+        """
+        kafka = self.config.sink.kafka
+        topics = {kafka.topic: "sink topic"}
+        if self.progress_topics is not None:
+            names = self.progress_topics.names
+            topics |= {names.topic(t): "progress topic" for t in sorted({t for t, _ in partitions})}
+        durability.check_topics(sink_conf, topics, kafka.durability)
 
     def keep_alive(
         self,

@@ -85,6 +85,24 @@ def test_missing_progress_names_the_partitions_and_the_way_out(tmp_path: Path) -
     assert check_progress_kept(config(tmp_path, 1), earlier, {("in", 0): 4}, [("in", 0)]) == []
 
 
+def test_progress_that_went_back_is_refused_unless_the_generation_reprocesses(
+    tmp_path: Path,
+) -> None:
+    generation(tmp_path, 0, '{"in":{"0":0,"1":0}}', ['{"in":{"0":4,"1":5}}'], 1)
+    earlier = earlier_progress(str(tmp_path), LocalFiles(), 1)
+    partitions = [("in", 0), ("in", 1)]
+    with pytest.raises(ProgressMissing) as refused:
+        check_progress_kept(config(tmp_path, 1), earlier, {("in", 0): 4, ("in", 1): 2}, partitions)
+    message = refused.value.message
+    assert "went back: it holds in-1 at 2, below the 5 gen-0 completed" in message
+    assert "in-0" not in message and "\n" not in message
+    # Ahead is fine (a runner committed after the checkpoint), and a stateless reset is asked.
+    ahead = {("in", 0): 9, ("in", 1): 5}
+    assert check_progress_kept(config(tmp_path, 1), earlier, ahead, partitions) == []
+    stateless = config(tmp_path, 1).model_copy(update={"reset_progress": True})
+    assert check_progress_kept(stateless, earlier, {("in", 0): 0, ("in", 1): 0}, partitions) == []
+
+
 def test_a_lost_checkpoint_root_still_refuses_partitions_the_operator_saw_g_hold(
     tmp_path: Path,
 ) -> None:

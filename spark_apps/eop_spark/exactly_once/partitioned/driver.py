@@ -246,15 +246,17 @@ class PartitionedSink:
     def _advance_the_rest(
         self, task: PartitionTask, outcomes: Sequence[PartitionOutcome], jvm: JvmTasks | None
     ) -> list[PartitionOutcome]:
-        """Offsets-only transactions for the partitions no task reported on.
+        """Offsets-only transactions for the partitions no task brought to the batch end.
 
         Every task succeeded, so those partitions had no output rows in this
-        batch (or no task at all).  Each goes through the same steps as a task
-        (take the id, read G, skip or commit), so G reaches the batch end; with
-        the JVM writer, in the driver's JVM (in local mode the tasks' own, so the
-        producers are the same and nothing is fenced).
+        batch (or no task at all), or no rows after the offset their task left
+        G at (a Python task moves G only over the rows it saw: ``short``).
+        Each goes through the same steps as a task (take the id, read G, skip
+        or commit), so G reaches the batch end; with the JVM writer, in the
+        driver's JVM (in local mode the tasks' own, so the producers are the
+        same and nothing is fenced).
         """
-        reported = {(o.topic, o.partition) for o in outcomes}
+        reported = {(o.topic, o.partition) for o in outcomes if not o.short}
         rest = sorted(tp for tp in task.end_offsets if tp not in reported)
         if jvm is None:
             return [commit_partition(task, tp, ()) for tp in rest]

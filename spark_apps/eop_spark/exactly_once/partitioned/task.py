@@ -14,6 +14,9 @@ transactional producer ``<prefix>.<t>.<p>``:
 4. else begins, adds ``{(t, p): until}`` for G to the transaction *first*
    (a producer fenced since its last use fails here, before any row is
    consumed, and is rebuilt), produces the rows with offset ``>= c``, commits.
+   When the rows it was given end before ``until - 1`` it adds G at the offset
+   after its last row instead, before committing: an input that ends does not
+   say the range did (see ``_OpenTransaction.close_short``).
 
 A range that takes longer than a third of the transaction timeout to write
 is committed in several transactions (invariant 10): once the open one has
@@ -34,9 +37,10 @@ proves or refutes (fenced: rebuild, read ``c``); a skip needs no proof, as G
 only moves forward within a run.  Any failure forgets what it knew.
 
 A task whose rows were all filtered out has nothing to tell it its
-partition, and partitions with an empty range get no task at all: after the
-job the driver runs the same steps, with the same transactional id and no
-rows, for every partition no task reported on.  So after every completed
+partition, partitions with an empty range get no task at all, and a task
+may leave G short of ``until``: after the job succeeded the driver runs the
+same steps, with the same transactional id and no rows, for every partition
+no task brought to ``until``.  So after every completed
 batch G equals the batch's end offsets (invariant 5).
 
 This module runs these steps in a Python process (:func:`commit_partition`,
@@ -92,7 +96,7 @@ log = logging.getLogger(__name__)
 # Integers as long: Arrow infers int64 from Python ints.
 STATS_SCHEMA = (
     "topic string, partition long, status string, rows_out long, txn_ms double, "
-    "fenced long, aborted long"
+    "fenced long, aborted long, short boolean"
 )
 
 #: The Spark local property that brings a batch's end offsets and marker to its tasks.
@@ -123,6 +127,10 @@ class PartitionOutcome:
     txn_ms: float
     fenced: int
     aborted: int
+    #: G was left short of the batch end: the task's input ended before its last offset
+    #: (rows filtered out, transaction markers, or an upstream failure that Spark's Python
+    #: runner ends as a clean end of input).  The driver tops it up once the job succeeded.
+    short: bool = False
 
 
 class TaskHandOff(Protocol):
@@ -282,7 +290,10 @@ def commit_partition(
     """Produce ``tp``'s rows not yet in G and move G to ``until``, in one transaction.
 
     ``batches`` are Arrow record batches of the output columns plus the
-    provenance columns, all from ``tp``; empty for an offsets-only commit.
+    provenance columns, all from ``tp``; empty for an offsets-only commit (the
+    driver's, once the job succeeded), which moves G to ``until``.  Rows that
+    end before ``until - 1`` move G only to the offset after the last of them
+    (the outcome is ``short``).
     """
     sink, until = task.sink, task.end_offsets[tp]
     fenced = 0
@@ -314,8 +325,9 @@ def commit_partition(
         open_txn = _OpenTransaction(task, tp, committed, started)
         try:
             rows_out = _produce(producer, open_txn, batches)
+            reached = open_txn.close_short(producer)
             producer.commit()
-            producer.known_progress[task.run] = until
+            producer.known_progress[task.run] = reached
         except BaseException as exc:
             aborted = producer.abort()
             if not producer.usable:
@@ -336,7 +348,9 @@ def commit_partition(
                 open_txn.transactions,
             )
         txn_ms = (time.monotonic() - started) * 1000.0
-        return PartitionOutcome(tp[0], tp[1], BatchStatus.COMMITTED, rows_out, txn_ms, fenced, 0)
+        return PartitionOutcome(
+            tp[0], tp[1], BatchStatus.COMMITTED, rows_out, txn_ms, fenced, 0, reached < until
+        )
     raise ProducerFenced(
         f"transactional id {sink.transactional_id(tp)!r} keeps being fenced: "
         "another runner of this pipeline is writing"
@@ -364,10 +378,35 @@ class _OpenTransaction:
         #: Whether an intermediate commit moved G (then no row may come below it).
         self.moved = False
         self.last = -1
+        #: The highest source offset among the rows the task was given (produced or not).
+        self.seen = -1
         self.transactions = 1
         self.opened_at = at
         self.timeout_ms = duration_ms(task.sink.transaction_timeout)
         self.commit_after_s = self.timeout_ms / 1000.0 / TIMEOUT_SHARE
+
+    def close_short(self, producer: TransactionalProducer) -> int:
+        """G where the open transaction leaves it: after the last row seen, at most ``until``.
+
+        The input ending says nothing of why it ended: in a Python worker an
+        upstream failure (a poison record, a fetch timeout) after some Arrow
+        batches were sent reads as a clean end of input.  So G moves only over
+        the rows the task saw; when that is short of ``until``, the offsets
+        added first are replaced (the last ones added commit) under a partial
+        marker, and the driver tops G up to ``until`` once the job succeeded.
+        """
+        tp, until = self.tp, self.task.end_offsets[self.tp]
+        reached = max(self.floor, self.seen + 1)
+        if self.seen < 0 or reached >= until:  # no rows: the driver's offsets-only commit
+            return until
+        sink = self.task.sink
+        producer.send_offsets(
+            {tp: reached},
+            sink.group_metadata,
+            self.task.marker + PARTIAL_SUFFIX,
+            names=sink.progress,
+        )
+        return reached
 
     def overdue(self) -> bool:
         """Whether the open transaction has lived its share of the timeout."""
@@ -405,6 +444,7 @@ def _produce(
         _check_single_partition(batch, tp)
         offsets = batch.column(SOURCE_OFFSET)
         lowest = pc.min(offsets).as_py()
+        txn.seen = max(txn.seen, pc.max(offsets).as_py())
         if lowest < txn.floor:
             if txn.moved:
                 raise PipelineFailed(

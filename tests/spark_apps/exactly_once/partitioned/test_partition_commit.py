@@ -10,91 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
 
-from devenv.kafka import KafkaBroker
-from devenv.runners import client_config, read_committed
 from eop_spark.contract.errors import PipelineFailed
-from eop_spark.contract.offsets import Offsets, TopicPartition
-from eop_spark.contract.progress_names import ProgressNames
-from eop_spark.exactly_once.partitioned.task import PartitionTask, _discard, commit_partition
-from eop_spark.exactly_once.progress_group import ProgressGroup, commit_offsets
-from eop_spark.exactly_once.sink_contract import SOURCE_OFFSET, SOURCE_PARTITION, output_layout
-from eop_spark.exactly_once.sink_settings import SinkSettings
+from eop_spark.exactly_once.partitioned.task import PartitionTask, commit_partition
+from eop_spark.exactly_once.progress_group import commit_offsets
 from eop_spark.kafka.transactional_producer import TransactionalProducer
-from tests.plugins.kafka import TopicFactory
-
-LAYOUT = output_layout([("value", "binary")])
-
-
-@dataclass(frozen=True)
-class Partition:
-    """A sink and the one source partition its tests commit for."""
-
-    broker: KafkaBroker
-    sink: SinkSettings
-    tp: TopicPartition
-
-    def commit(self, run: str, first: int, until: int) -> str:
-        """Commit the batch ``[first, until)`` of the partition in ``run``; return its status."""
-        task = PartitionTask(self.sink, {self.tp: until}, LAYOUT, f"q:{until}", run)
-        return commit_partition(task, self.tp, self.rows(first, until)).status
-
-    def rows(self, first: int, until: int) -> list[pa.RecordBatch]:
-        """The source rows ``[first, until)`` as the transform hands them to the sink."""
-        return self.batch(range(first, until))
-
-    def batch(self, offsets: Iterable[int]) -> list[pa.RecordBatch]:
-        """One Arrow batch of output rows, one per source offset given (repeats allowed)."""
-        offsets = list(offsets)
-        return [
-            pa.RecordBatch.from_pydict(
-                {
-                    "value": [str(o).encode() for o in offsets],
-                    SOURCE_PARTITION: pa.array([self.tp[1]] * len(offsets), pa.int32()),
-                    SOURCE_OFFSET: pa.array(offsets, pa.int64()),
-                }
-            )
-        ]
-
-    def output(self) -> list[int]:
-        """The source offsets whose output a read_committed reader sees, sorted."""
-        return sorted(
-            int(value or b"") for _, value in read_committed(self.broker, self.sink.topic)
-        )
-
-    def progress(self) -> Offsets:
-        group = ProgressGroup(self.sink.progress, self.sink.client_config)
-        try:
-            return group.committed([self.tp])
-        finally:
-            group.close()
-
-
-@pytest.fixture
-def partition(kafka_broker: KafkaBroker, kafka_topic_factory: TopicFactory) -> Iterator[Partition]:
-    conf = {k: str(v) for k, v in client_config(kafka_broker).items()}
-    group = f"eop.test.{uuid.uuid4().hex[:8]}"
-    progress = ProgressGroup(ProgressNames(group), conf)
-    try:
-        sink = SinkSettings(
-            topic=kafka_topic_factory(1, prefix="out"),
-            client_config=conf,
-            transactional_id_prefix=group,
-            transaction_timeout="60s",
-            progress=progress.names,
-            group_metadata=progress.group_metadata(),
-        )
-    finally:
-        progress.close()
-    tp = (kafka_topic_factory(1, prefix="in"), 0)
-    yield Partition(kafka_broker, sink, tp)
-    _discard(sink, tp)  # the module's producer cache outlives the test otherwise
+from tests.spark_apps.exactly_once.conftest import LAYOUT, Partition
 
 
 def test_a_commit_by_another_holder_of_the_id_is_not_taken_for_granted(
@@ -166,13 +91,8 @@ def test_a_long_range_is_committed_in_parts_and_a_replay_repeats_none(
         commit_partition(task, tp, dying)
     # Each batch after a pause committed what came before it; the last one was aborted.
     assert partition.output() == list(range(20))
-    group = ProgressGroup(partition.sink.progress, partition.sink.client_config)
-    try:
-        progress = group.read({tp})
-    finally:
-        group.close()
-    assert progress.offsets == {tp: 20}
-    assert progress.metadata[tp].rstrip("\0") == "q:30:partial"  # never taken for the batch
+    # never taken for the batch
+    assert partition.progress_and_marker() == ({tp: 20}, "q:30:partial")
     assert commit_partition(task, tp, partition.rows(0, 30)).status == "committed"
     assert partition.output() == list(range(30))
     assert partition.progress() == {tp: 30}
@@ -195,3 +115,19 @@ def test_a_row_below_an_intermediate_commit_fails_the_task(partition: Partition)
         rows = slow_task(partition, list(range(10)), list(range(10, 20)), [5], fail=False)
         commit_partition(task, tp, rows)
     assert partition.progress() == {tp: 10}
+
+
+def test_an_input_that_ends_early_moves_g_only_over_its_rows(partition: Partition) -> None:
+    """The rows of ``[0, 30)`` stop at 19 (filtered out, or cut by an upstream failure).
+
+    G stops after row 19, under a partial marker; the driver's offsets-only
+    commit after the job brings it to the batch end.
+    """
+    tp = partition.tp
+    task = PartitionTask(partition.sink, {tp: 30}, LAYOUT, "q:30", "run")
+    outcome = commit_partition(task, tp, partition.rows(0, 20))
+    assert (outcome.status, outcome.short) == ("committed", True)
+    assert partition.progress_and_marker() == ({tp: 20}, "q:30:partial")
+    assert commit_partition(task, tp, ()).short is False  # the driver's top-up
+    assert partition.progress() == {tp: 30}
+    assert partition.output() == list(range(20))
