@@ -140,6 +140,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
         pod_policy=PodPolicy(
             allow_host_network=args.allow_host_network,
             allow_host_path_volumes=args.allow_host_path_volumes,
+            service_accounts=frozenset(args.allow_service_account or ()),
         ),
     )
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
@@ -290,6 +291,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-host-path-volumes",
         action="store_true",
         help="run pipelines with hostPath volumes in spec.driver.volumes (refused by default)",
+    )
+    op.add_argument(
+        "--allow-service-account",
+        action="append",
+        metavar="NAME",
+        help="let pipelines run as this ServiceAccount of their namespace (spec.serviceAccountName, "
+        "the executors'; repeatable; by default a driver runs only as the account eop makes)",
     )
     op.add_argument("--liveness", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     op.add_argument(

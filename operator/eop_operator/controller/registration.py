@@ -154,12 +154,13 @@ async def started(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     policy = options.pod_policy
     logger.info(
         "default image %s, metrics host ports %s, driver role %s, host network %s, "
-        "hostPath volumes %s",
+        "hostPath volumes %s, service accounts %s",
         options.default_image or "(none)",
         options.host_ports,
         options.driver_role,
         "allowed" if policy.allow_host_network else "refused",
         "allowed" if policy.allow_host_path_volumes else "refused",
+        ", ".join(sorted(policy.service_accounts)) or "only eop's",
     )
 
 
