@@ -296,8 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-service-account",
         action="append",
         metavar="NAME",
-        help="let pipelines run as this ServiceAccount of their namespace (spec.serviceAccountName, "
-        "the executors'; repeatable; by default a driver runs only as the account eop makes)",
+        help="let pipelines run as this ServiceAccount of their namespace "
+        "(spec.serviceAccountName, the executors'; repeatable; by default a driver runs only "
+        "as the account eop makes)",
     )
     op.add_argument("--liveness", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     op.add_argument(

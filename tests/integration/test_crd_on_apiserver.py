@@ -307,7 +307,10 @@ REFUSED_AT_THE_DOOR: list[tuple[str, Callable[[dict[str, Any]], None], tuple[str
     *(
         (
             f"driver-volume-{kind}",
-            _set("spec.driver.volumes", [{"name": "v", kind: source}, {"name": "tmp", "emptyDir": {}}]),
+            _set(
+                "spec.driver.volumes",
+                [{"name": "v", kind: source}, {"name": "tmp", "emptyDir": {}}],
+            ),
             ("spec.driver.volumes[0]: Invalid value", "storage servers and cloud disks"),
         )
         for kind, source in (

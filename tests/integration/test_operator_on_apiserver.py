@@ -155,6 +155,16 @@ def test_pipeline_lifecycle_create_update_delete(
     wait_for(lambda: get(cp, "statefulset", "clean-driver", ns)["spec"]["replicas"] == 0, "suspend")  # type: ignore[index]
     wait_for(lambda: get(cp, "eop", "clean", ns)["status"].get("phase") == "Suspended", "Suspended")  # type: ignore[index]
 
+    # Another owner of the claim (a backup tool's, say) is not eop's to remove.
+    cp.kubectl("create", "configmap", "keeper", "-n", ns, check=True)
+    keeper = {"apiVersion": "v1", "kind": "ConfigMap", "name": "keeper"}
+    keeper["uid"] = get(cp, "configmap", "keeper", ns)["metadata"]["uid"]  # type: ignore[index]
+    cp.kubectl(
+        "patch", "pvc", "clean-checkpoint", "-n", ns, "--type=json",
+        "-p", json.dumps([{"op": "add", "path": "/metadata/ownerReferences/-", "value": keeper}]),
+        check=True,
+    )  # fmt: skip
+
     # Delete: the finalizer keeps the checkpoint claim (retention Retain), the GC removes the rest.
     # (kopf's 60 s daemon polling once made this take a minute: see handlers.configure)
     cp.kubectl("delete", "eop", "clean", "-n", ns, "--wait=true", "--timeout=30s", check=True)
@@ -165,8 +175,55 @@ def test_pipeline_lifecycle_create_update_delete(
             lambda kind=kind, name=name: get(cp, kind, name, ns) is None, f"GC of {kind}/{name}"
         )
     claim = get(cp, "persistentvolumeclaim", "clean-checkpoint", ns)
-    assert claim is not None and not claim["metadata"].get("ownerReferences")
+    assert claim is not None and claim["metadata"].get("ownerReferences") == [keeper]
     assert claim["metadata"].get("deletionTimestamp") is None
+
+
+def _degraded(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:
+    """The pipeline's Degraded condition, once it is True."""
+    return wait_for(
+        lambda: next(
+            (
+                c
+                for c in ((get(cp, "eop", name, ns) or {}).get("status") or {}).get(
+                    "conditions", []
+                )
+                if c["type"] == "Degraded" and c["status"] == "True"
+            ),
+            None,
+        ),
+        f"{name} Degraded",
+    )
+
+
+def test_a_pipeline_author_gets_no_other_account_and_no_other_teams_objects(
+    control_plane: ControlPlane, operator: Path, kube_namespace: str
+) -> None:
+    """Creating a pipeline grants no more than a restricted pod as its own ServiceAccount:
+    the operator's account is refused before any driver exists, and another team's ConfigMap
+    named as a child is reported, never written, adopted or deleted with the pipeline."""
+    cp, ns = control_plane, kube_namespace
+    # The account the operator runs as, were the pipeline in the operator's namespace.
+    _apply(cp, ns, _pipeline("runas", serviceAccountName="eop"))
+    victim = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "victim-config"}}
+    victim["data"] = {"team": "b"}
+    _apply(cp, ns, victim)
+    before = get(cp, "configmap", "victim-config", ns)
+    _apply(cp, ns, _pipeline("victim"))
+
+    refused = _degraded(cp, ns, "runas")
+    assert "spec.serviceAccountName: " in refused["message"] and "'eop'" in refused["message"]
+    assert get(cp, "statefulset", "runas-driver", ns) is None
+    taken = _degraded(cp, ns, "victim")
+    assert taken["reason"] == "ChildNotOwned"
+    assert "ConfigMap victim-config exists and is not this pipeline's" in taken["message"]
+    assert get(cp, "statefulset", "victim-driver", ns) is None  # it would read their ConfigMap
+    assert get(cp, "configmap", "victim-config", ns) == before
+    cp.kubectl("delete", "eop", "victim", "runas", "-n", ns, "--timeout=30s", check=True)
+    wait_for(
+        lambda: get(cp, "service", "victim-driver", ns) is None, "GC of the pipeline's Service"
+    )
+    assert get(cp, "configmap", "victim-config", ns) == before
 
 
 def test_retention_delete_lets_the_gc_remove_the_checkpoint(

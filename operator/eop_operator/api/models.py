@@ -542,20 +542,25 @@ VOLUME_TYPE = Rule(
     f"a driver volume is one of {_ALLOWED_TYPES_TEXT} (and hostPath where the operator allows "
     "it); storage servers and cloud disks (nfs, iscsi, rbd, cephfs, ...) are mounted through a "
     "persistentVolumeClaim",
-    explain=lambda v: f"volume {v.get('name')!r} is of type "
-    f"{', '.join(sorted(set(v) - {'name'} - set(VOLUME_TYPES)))}, which a driver may not mount; "
-    f"a driver volume is one of {_ALLOWED_TYPES_TEXT} (and hostPath where the operator allows "
-    "it); storage servers and cloud disks are mounted through a persistentVolumeClaim",
+    explain=lambda v: (
+        f"volume {v.get('name')!r} is of type "
+        f"{', '.join(sorted(set(v) - {'name'} - set(VOLUME_TYPES)))}, which a driver may not "
+        "mount; "
+        f"a driver volume is one of {_ALLOWED_TYPES_TEXT} (and hostPath where the operator allows "
+        "it); storage servers and cloud disks are mounted through a persistentVolumeClaim"
+    ),
 )
 #: At most this many sources in a projected volume (the CEL cost of the rule below).
 MAX_PROJECTED_SOURCES = 32
 NO_TOKEN_VOLUME = Rule(
     "!has(self.projected) || !has(self.projected.sources) || "
     "self.projected.sources.all(s, !has(s.serviceAccountToken))",
-    lambda v: not any(
-        "serviceAccountToken" in source
-        for source in ((v.get("projected") or {}).get("sources") or [])
-        if isinstance(source, dict)
+    lambda v: (
+        not any(
+            "serviceAccountToken" in source
+            for source in ((v.get("projected") or {}).get("sources") or [])
+            if isinstance(source, dict)
+        )
     ),
     "a projected volume may not hold a serviceAccountToken: a driver gets the API token of "
     "its own ServiceAccount only when its executors run on Kubernetes",
