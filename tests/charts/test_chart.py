@@ -258,6 +258,22 @@ def test_pipeline_policy_values_allow_node_access(helm: Helm) -> None:
 
 
 @pytest.mark.kube
+def test_pipelines_run_as_other_accounts_only_as_listed_and_never_as_the_operator(
+    helm: Helm,
+) -> None:
+    (container,) = deployment(render(helm))["spec"]["template"]["spec"]["containers"]
+    assert not vars(build_parser().parse_args(container["args"]))["allow_service_account"]
+    listed = render(helm, "pipelinePolicy.serviceAccounts={s3-reader,gcs-writer}")
+    (container,) = deployment(listed)["spec"]["template"]["spec"]["containers"]
+    args = vars(build_parser().parse_args(container["args"]))
+    assert args["allow_service_account"] == ["s3-reader", "gcs-writer"]
+    result = helm.run(
+        "template", "eop", str(CHART), "--set", "pipelinePolicy.serviceAccounts={s3-reader,eop}"
+    )
+    assert result.returncode != 0 and "the operator's own ServiceAccount" in result.stderr
+
+
+@pytest.mark.kube
 def test_the_local_clusters_values_run_host_network_pipelines(helm: Helm, tmp_path: Path) -> None:
     """The devenv cluster has no pod network: `make demo` and tests/e2e install these values."""
     from types import SimpleNamespace

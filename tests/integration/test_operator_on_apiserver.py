@@ -226,6 +226,83 @@ def test_a_pipeline_author_gets_no_other_account_and_no_other_teams_objects(
     assert get(cp, "configmap", "victim-config", ns) == before
 
 
+def _executor_pod(pipeline: str, **spec: Any) -> dict[str, Any]:
+    labels = {"exactlyonce.io/pipeline": pipeline, "app.kubernetes.io/component": "executor"}
+    container = {"name": "executor", "image": "localhost/eop-spark:test"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": f"{pipeline}-exec-", "labels": labels},
+        "spec": {"automountServiceAccountToken": False, "containers": [container], **spec},
+    }
+
+
+def test_driver_code_reaches_only_its_own_pipelines_executors(
+    control_plane: ControlPlane, operator: Path, kube_namespace: str
+) -> None:
+    """What user code in a k8s:// driver may do with its account (the chart's driver role and
+    policy, bound as the operator binds it): its own executors, nothing of another pipeline."""
+    cp, ns = control_plane, kube_namespace
+    for account in ("a-driver", "eop"):  # eop: as if the operator's, were it this namespace
+        cp.kubectl("create", "serviceaccount", account, "-n", ns, check=True)
+    cp.kubectl(
+        "create", "rolebinding", "a-driver", "-n", ns, "--clusterrole=eop-driver",
+        f"--serviceaccount={ns}:a-driver",
+        check=True,
+    )  # fmt: skip
+    theirs = _executor_pod("b")
+    theirs["metadata"] = {"name": "b-exec-1", "labels": theirs["metadata"]["labels"]}
+    _apply(cp, ns, theirs)
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "b-ckpt"}}
+    claim["spec"] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "1Gi"}},
+    }
+    _apply(cp, ns, claim)
+    cp.kubectl("create", "configmap", "b-config", "-n", ns, check=True)
+
+    def as_driver(*args: str, manifest: dict[str, Any] | None = None) -> tuple[int, str]:
+        result = cp.kubectl(
+            *args, "-n", ns, f"--as=system:serviceaccount:{ns}:a-driver", "--dry-run=server",
+            input=None if manifest is None else yaml.safe_dump(manifest),
+        )  # fmt: skip
+        return result.returncode, result.stdout + result.stderr
+
+    created = wait_for(
+        lambda: as_driver("create", "-f", "-", manifest=_executor_pod("a"))[0] == 0 or None,
+        "own executor",
+    )
+    assert created
+    refusals = {
+        "foreign pod": (
+            as_driver("create", "-f", "-", manifest=_executor_pod("b")),
+            "creates only its own executor pods",
+        ),
+        "token": (
+            as_driver(
+                "create", "-f", "-", manifest=_executor_pod("a", automountServiceAccountToken=True)
+            ),
+            "without an API token",
+        ),
+        "other account": (
+            as_driver("create", "-f", "-", manifest=_executor_pod("a", serviceAccountName="eop")),
+            "as no other ServiceAccount",
+        ),
+        "delete their pod": (
+            as_driver("delete", "pod", "b-exec-1"),
+            "deletes only its own executor pods",
+        ),
+        "delete every pod": (
+            as_driver("delete", "pods", "--all"),
+            "deletes only its own executor pods",
+        ),
+        "delete their config": (as_driver("delete", "configmap", "b-config"), "config maps and"),
+        "delete their claim": (as_driver("delete", "pvc", "b-ckpt"), "forbidden"),
+    }
+    for case, ((code, output), expected) in refusals.items():
+        assert code != 0 and expected in output, f"{case}: {output}"
+
+
 def test_retention_delete_lets_the_gc_remove_the_checkpoint(
     control_plane: ControlPlane, operator: Path, kube_namespace: str
 ) -> None:

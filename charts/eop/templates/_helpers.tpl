@@ -82,13 +82,14 @@ one ClusterRole (bound per namespace, by RoleBindings the operator creates) in c
 
 {{/*
 What a pipeline's driver may do in its own namespace when it runs Spark executors on Kubernetes
-(spec.spark.master k8s://...): manage its executor pods, their services, config maps and
-on-demand volume claims. Nothing cluster-wide, no secrets. The same list as DRIVER_RULES in
-operator/eop_operator/render/rbac.py (tests/charts checks they agree).
+(spec.spark.master k8s://...): manage its executor pods, their services and config map; no volume
+claims. Nothing cluster-wide, no secrets; templates/driver-policy.yaml narrows it to the driver's
+own pipeline. The same list as DRIVER_RULES in operator/eop_operator/render/rbac.py (tests/charts
+checks they agree).
 */}}
 {{- define "eop.driverRules" -}}
 - apiGroups: [""]
-  resources: ["pods", "services", "configmaps", "persistentvolumeclaims"]
+  resources: ["pods", "services", "configmaps"]
   verbs: ["create", "get", "list", "watch", "delete", "deletecollection"]
 {{- end }}
 
