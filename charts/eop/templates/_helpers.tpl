@@ -56,8 +56,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
-The namespaces the operator serves, as a JSON list (use with fromJsonArray): watchNamespaces, or
-the release's own namespace when that list is empty. Empty with clusterWide: every namespace.
+The namespaces the operator serves, as a JSON list (use with fromJsonArray): watchNamespaces, which
+must be given (no namespace is served by default, the operator's own least of all: whoever may
+create pipelines in a namespace may create pods there). Empty with clusterWide: every namespace.
 */}}
 {{- define "eop.watchedNamespaces" -}}
 {{- if .Values.clusterWide }}
@@ -66,7 +67,10 @@ the release's own namespace when that list is empty. Empty with clusterWide: eve
 {{- end }}
 {{- toJson list }}
 {{- else }}
-{{- toJson (.Values.watchNamespaces | default (list .Release.Namespace)) }}
+{{- if not .Values.watchNamespaces }}
+{{- fail "watchNamespaces: list the namespaces whose pipelines the operator serves, e.g. --set 'watchNamespaces={team-a}' (the pipelines' own namespaces, not the operator's), or set clusterWide: true" }}
+{{- end }}
+{{- toJson .Values.watchNamespaces }}
 {{- end }}
 {{- end }}
 
