@@ -201,7 +201,8 @@ def test_a_pipeline_author_gets_no_other_account_and_no_other_teams_objects(
 ) -> None:
     """Creating a pipeline grants no more than a restricted pod as its own ServiceAccount:
     the operator's account is refused before any driver exists, and another team's ConfigMap
-    named as a child is reported, never written, adopted or deleted with the pipeline."""
+    and Secret named as children are reported, never written, adopted or deleted with the
+    pipeline."""
     cp, ns = control_plane, kube_namespace
     # The account the operator runs as, were the pipeline in the operator's namespace.
     _apply(cp, ns, _pipeline("runas", serviceAccountName="eop"))
@@ -210,6 +211,10 @@ def test_a_pipeline_author_gets_no_other_account_and_no_other_teams_objects(
     _apply(cp, ns, victim)
     before = get(cp, "configmap", "victim-config", ns)
     _apply(cp, ns, _pipeline("victim"))
+    # A Secret of the RPC key's name: the driver would mount it as its key.
+    cp.kubectl("create", "secret", "generic", "keyed-spark-rpc", "-n", ns, check=True)
+    secret = get(cp, "secret", "keyed-spark-rpc", ns)
+    _apply(cp, ns, _pipeline("keyed", spark={"master": "k8s://https://kubernetes.default.svc"}))
 
     refused = _degraded(cp, ns, "runas")
     assert "spec.serviceAccountName: " in refused["message"] and "'eop'" in refused["message"]
@@ -217,13 +222,15 @@ def test_a_pipeline_author_gets_no_other_account_and_no_other_teams_objects(
     taken = _degraded(cp, ns, "victim")
     assert taken["reason"] == "ChildNotOwned"
     assert "ConfigMap victim-config exists and is not this pipeline's" in taken["message"]
+    keyed = _degraded(cp, ns, "keyed")
+    assert "Secret keyed-spark-rpc exists and is not this pipeline's" in keyed["message"]
+    assert get(cp, "statefulset", "keyed-driver", ns) is None
     assert get(cp, "statefulset", "victim-driver", ns) is None  # it would read their ConfigMap
     assert get(cp, "configmap", "victim-config", ns) == before
-    cp.kubectl("delete", "eop", "victim", "runas", "-n", ns, "--timeout=30s", check=True)
-    wait_for(
-        lambda: get(cp, "service", "victim-driver", ns) is None, "GC of the pipeline's Service"
-    )
+    cp.kubectl("delete", "eop", "victim", "runas", "keyed", "-n", ns, "--timeout=30s", check=True)
+    # Unchanged, so with no ownerReference: nothing the garbage collector removes with them.
     assert get(cp, "configmap", "victim-config", ns) == before
+    assert get(cp, "secret", "keyed-spark-rpc", ns) == secret
 
 
 def _executor_pod(pipeline: str, **spec: Any) -> dict[str, Any]:
