@@ -120,13 +120,19 @@ def test_a_child_the_pipeline_owns_or_eop_retained_for_it_is_its_own() -> None:
 
 
 def test_another_teams_object_of_a_childs_name_is_never_the_pipelines() -> None:
-    """A ConfigMap another team made, or one an earlier pipeline (or anything else) controls,
+    """A ConfigMap another team made, or one another pipeline (or anything else) controls,
     even with eop's labels, is named and never written."""
-    for live in (
-        _child(None),
-        _child(None, {**_EOP_LABELS, "exactlyonce.io/pipeline": "other"}),
-        _child("earlier-pipeline-uid", _EOP_LABELS),
-    ):
+    other = _child("other-uid", {**_EOP_LABELS, "exactlyonce.io/pipeline": "other"})
+    other["metadata"]["ownerReferences"][0]["name"] = "other"
+    for live in (_child(None), _child(None, other["metadata"]["labels"]), other):
         refusal = foreign_child(live, RENDERED)
         assert isinstance(refusal, NotOwned)
         assert refusal.startswith("ConfigMap p-config exists and is not this pipeline's")
+
+
+def test_an_earlier_pipelines_child_of_the_name_waits_for_the_garbage_collector() -> None:
+    """Deleted and created again under its name: the earlier pipeline's children are not
+    written, but they are no reason to call the new one Degraded."""
+    refusal = foreign_child(_child("earlier-pipeline-uid", _EOP_LABELS), RENDERED)
+    assert refusal is not None and not isinstance(refusal, NotOwned)
+    assert "earlier pipeline's of this name" in refusal

@@ -42,7 +42,7 @@ def _refusal(obj: dict[str, Any], exc: BaseException) -> str:
 class ForeignChild(Exception):
     """An object of a child's name exists that eop did not create for the pipeline."""
 
-    def __init__(self, refusal: NotOwned) -> None:
+    def __init__(self, refusal: str) -> None:
         super().__init__(refusal)
         self.refusal = refusal
 

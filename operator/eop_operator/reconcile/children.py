@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from eop_operator import KIND
 from eop_operator.render import spec_hash
 from eop_operator.render.naming import (
     MANAGED_BY,
@@ -46,14 +47,16 @@ class NotOwned(str):
     (the pipeline is Degraded, reason ``ChildNotOwned``, until it is gone)."""
 
 
-def foreign_child(live: Mapping[str, Any], rendered: Mapping[str, Any]) -> NotOwned | None:
+def foreign_child(live: Mapping[str, Any], rendered: Mapping[str, Any]) -> str | None:
     """Why ``live``, an existing object named as the ``rendered`` child, is not the pipeline's
     to change, or None when it is.
 
     The pipeline's own: owned by it (its uid in ``ownerReferences``), or left by eop for it, as a
     retained checkpoint claim is (eop's labels naming the pipeline, and no other controller).
     Anything else, another team's ConfigMap of the same name above all, is never written or
-    adopted, so it never goes with the pipeline either.
+    adopted, so it never goes with the pipeline either (:class:`NotOwned`). A child of an
+    earlier pipeline of the same name waits for the garbage collector (a plain refusal: the
+    pipeline is not Degraded for it).
     """
     mine = _owner_uids(rendered)
     meta = live.get("metadata") or {}
@@ -69,6 +72,18 @@ def foreign_child(live: Mapping[str, Any], rendered: Mapping[str, Any]) -> NotOw
     ):
         return None
     kind, name = child_ref(live)
+    earlier = [
+        ref
+        for ref in meta.get("ownerReferences") or []
+        if ref.get("controller")
+        and ref.get("kind") == KIND
+        and ref.get("name") == labels.get(PIPELINE_LABEL) == wanted.get(PIPELINE_LABEL)
+    ]
+    if earlier:
+        return (
+            f"{kind} {name} is an earlier pipeline's of this name: applied once the garbage "
+            "collector has deleted it"
+        )
     return NotOwned(
         f"{kind} {name} exists and is not this pipeline's (eop did not create it for this "
         "pipeline): eop neither changes nor adopts it; remove or rename it, or rename the pipeline"
