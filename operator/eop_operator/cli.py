@@ -143,6 +143,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
         pod_policy=PodPolicy(
             allow_host_network=args.allow_host_network,
             allow_host_path_volumes=args.allow_host_path_volumes,
+            service_accounts=frozenset(args.allow_service_account or ()),
         ),
         operator_upgrade_parallelism=args.operator_upgrade_parallelism,
     )
@@ -320,6 +321,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="drivers restarting at once, in last-state, because this operator renders their "
         "unchanged spec differently (a new operator version or default image; default 1)",
+    )
+    op.add_argument(
+        "--allow-service-account",
+        action="append",
+        metavar="NAME",
+        help="let pipelines run as this ServiceAccount of their namespace "
+        "(spec.serviceAccountName, the executors'; repeatable; by default a driver runs only "
+        "as the account eop makes)",
     )
     op.add_argument("--liveness", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     op.add_argument(

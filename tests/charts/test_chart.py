@@ -79,8 +79,17 @@ def set_args(values: tuple[str, ...]) -> list[str]:
     return [arg for value in values for arg in ("--set", value)]
 
 
+#: The namespace the tests' releases serve unless they say otherwise (the chart serves none
+#: by default).
+SERVED = "pipelines"
+SERVE = (f"watchNamespaces={{{SERVED}}}",)
+
+
 def render(helm: Helm, *values: str) -> list[Manifest]:
-    """``helm template`` of the chart with ``--set``-style ``values``; the parsed objects."""
+    """``helm template`` of the chart with ``--set``-style ``values`` (serving ``SERVED``
+    unless they name the namespaces); the parsed objects."""
+    if not any(v.startswith(("watchNamespaces=", "clusterWide=")) for v in values):
+        values = (*SERVE, *values)
     result = helm.run(
         "template", "eop", str(CHART), "--namespace", RELEASE_NAMESPACE, *set_args(values)
     )
@@ -167,7 +176,7 @@ def granted(rules: list[Manifest], group: str, resource: str) -> set[str]:
 NAMESPACED = ("watchNamespaces={team-a,team-b}",)
 CLUSTER_WIDE = ("clusterWide=true",)
 MODES = pytest.mark.parametrize(
-    "values", [(), NAMESPACED, CLUSTER_WIDE], ids=["default", "namespaced", "cluster-wide"]
+    "values", [SERVE, NAMESPACED, CLUSTER_WIDE], ids=["one", "namespaced", "cluster-wide"]
 )
 
 
@@ -222,8 +231,7 @@ def test_args_follow_values(helm: Helm) -> None:
     pod = dep["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == "registry.example.com/team/eop-operator:v9"
-    # The default: the release's own namespace only.
-    assert container["args"][:2] == ["operator", f"--namespace={RELEASE_NAMESPACE}"]
+    assert container["args"][:2] == ["operator", f"--namespace={SERVED}"]
     # The Spark image defaults to eop-spark beside the operator image, with the same tag.
     assert "--default-image=registry.example.com/team/eop-spark:v9" in container["args"]
     assert {"--log-format=json", "--verbose"} <= set(container["args"])
@@ -281,6 +289,22 @@ def test_pipeline_policy_values_allow_node_access(helm: Helm) -> None:
 
 
 @pytest.mark.kube
+def test_pipelines_run_as_other_accounts_only_as_listed_and_never_as_the_operator(
+    helm: Helm,
+) -> None:
+    (container,) = deployment(render(helm))["spec"]["template"]["spec"]["containers"]
+    assert not vars(build_parser().parse_args(container["args"]))["allow_service_account"]
+    listed = render(helm, "pipelinePolicy.serviceAccounts={s3-reader,gcs-writer}")
+    (container,) = deployment(listed)["spec"]["template"]["spec"]["containers"]
+    args = vars(build_parser().parse_args(container["args"]))
+    assert args["allow_service_account"] == ["s3-reader", "gcs-writer"]
+    result = helm.run(
+        "template", "eop", str(CHART), *set_args((*SERVE, "pipelinePolicy.serviceAccounts={eop}"))
+    )
+    assert result.returncode != 0 and "the operator's own ServiceAccount" in result.stderr
+
+
+@pytest.mark.kube
 def test_the_local_clusters_values_run_host_network_pipelines(helm: Helm, tmp_path: Path) -> None:
     """The devenv cluster has no pod network: `make demo` and tests/e2e install these values."""
     from types import SimpleNamespace
@@ -305,19 +329,29 @@ def test_the_local_clusters_values_run_host_network_pipelines(helm: Helm, tmp_pa
 
 
 @pytest.mark.kube
-def test_default_serves_only_the_release_namespace(helm: Helm) -> None:
-    objects = render(helm)
+def test_no_namespace_is_served_by_default(helm: Helm) -> None:
+    """Pipelines are not invited into the operator's namespace: the chart asks which to serve."""
+    result = helm.run("template", "eop", str(CHART), "--namespace", RELEASE_NAMESPACE)
+    assert result.returncode != 0
+    assert "watchNamespaces: list the namespaces whose pipelines the operator serves" in (
+        result.stderr
+    )
+
+
+@pytest.mark.kube
+def test_one_namespace_is_served_with_roles_there_and_leases_at_home(helm: Helm) -> None:
+    objects = render(helm, *SERVE)
     assert of_kind(objects, "ClusterRole") == []
     assert of_kind(objects, "ClusterRoleBinding") == []
     namespaces = {
         o["metadata"]["namespace"] for o in objects if o["kind"] in ("Role", "RoleBinding")
     }
-    assert namespaces == {RELEASE_NAMESPACE}
+    assert namespaces == {SERVED, RELEASE_NAMESPACE}  # leader election at home
     (role,) = pipeline_roles(objects)
     (driver_role,) = [r for r in of_kind(objects, "Role") if is_driver_role(r)]
-    assert role["metadata"]["namespace"] == driver_role["metadata"]["namespace"]
+    assert role["metadata"]["namespace"] == driver_role["metadata"]["namespace"] == SERVED
     (container,) = deployment(objects)["spec"]["template"]["spec"]["containers"]
-    assert f"--namespace={RELEASE_NAMESPACE}" in container["args"]
+    assert f"--namespace={SERVED}" in container["args"]
     assert "--all-namespaces" not in container["args"]
 
 
@@ -575,7 +609,7 @@ def test_driver_pod_monitor_selects_the_driver_pods(helm: Helm, values: tuple[st
     assert endpoint["port"] in {p["name"] for p in driver["ports"]}
     assert endpoint["path"] == "/metrics"
     expected = {
-        (): {"matchNames": [RELEASE_NAMESPACE]},
+        SERVE: {"matchNames": [SERVED]},
         NAMESPACED: {"matchNames": ["team-a", "team-b"]},
         CLUSTER_WIDE: {"any": True},
     }[values]
@@ -670,7 +704,7 @@ def install(cp: ControlPlane, mode: str) -> Release:
     if not CRD_FILE.exists():
         cp.kubectl("apply", "--server-side", "-f", "-", input=crd_yaml(), check=True)
     values = {
-        "default": [],
+        "default": ["--set", f"watchNamespaces={{{operator_ns}}}"],
         "namespaced": ["--set", "watchNamespaces={" + ",".join(served) + "}"],
         "cluster-wide": ["--set", "clusterWide=true"],
     }[mode]

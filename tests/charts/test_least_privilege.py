@@ -125,7 +125,11 @@ def test_namespaced_default_runs_pipelines_with_only_its_rbac(
                 "create", "secret", "generic", secret, "-n", ns,
                 "--from-literal=client.id=eop-least-privilege", check=True,
             )  # fmt: skip
-    cp.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, check=True)
+    cp.helm(
+        "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+        "--set", f"watchNamespaces={{{NAMESPACE}}}",
+        check=True,
+    )  # fmt: skip
     args = chart_args(cp)
     assert f"--namespace={NAMESPACE}" in args and "--all-namespaces" not in args
     kubeconfig = cp.service_account_kubeconfig(NAMESPACE, RELEASE)

@@ -303,6 +303,42 @@ REFUSED_AT_THE_DOOR: list[tuple[str, Callable[[dict[str, Any]], None], tuple[str
         ("spec.serviceAccountName: Invalid value",),
     ),
     ("zero-local-threads", _set("spec.spark.master", "local[0]"), ("spec.spark.master",)),
+    # A driver mounts what its namespace holds, never a storage server or a cloud disk directly.
+    *(
+        (
+            f"driver-volume-{kind}",
+            _set(
+                "spec.driver.volumes",
+                [{"name": "v", kind: source}, {"name": "tmp", "emptyDir": {}}],
+            ),
+            ("spec.driver.volumes[0]: Invalid value", "storage servers and cloud disks"),
+        )
+        for kind, source in (
+            ("nfs", {"server": "10.0.0.1", "path": "/"}),
+            ("iscsi", {"targetPortal": "10.0.0.1:3260", "iqn": "iqn.x", "lun": 0}),
+            ("rbd", {"monitors": ["10.0.0.1"], "image": "i"}),
+            ("cephfs", {"monitors": ["10.0.0.1"]}),
+            ("awsElasticBlockStore", {"volumeID": "vol-1"}),
+        )
+    ),
+    (
+        "driver-volume-token",
+        _set(
+            "spec.driver.volumes",
+            [
+                {
+                    "name": "token",
+                    "projected": {
+                        "sources": [
+                            {"configMap": {"name": "ca"}},
+                            {"serviceAccountToken": {"path": "token"}},
+                        ]
+                    },
+                }
+            ],
+        ),
+        ("spec.driver.volumes[0]: Invalid value", "may not hold a serviceAccountToken"),
+    ),
 ]
 
 
@@ -605,6 +641,20 @@ def near_misses() -> dict[str, Any]:
         "env": [
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             {"name": "spark.local.dir", "value": "/tmp"},
+        ],
+        # Every volume type of a restricted pod.
+        "volumes": [
+            {"name": "a", "configMap": {"name": "ca"}},
+            {"name": "b", "secret": {"secretName": "tls"}},
+            {"name": "c", "emptyDir": {}},
+            {"name": "d", "persistentVolumeClaim": {"claimName": "data"}},
+            {
+                "name": "e",
+                "projected": {"sources": [{"configMap": {"name": "ca"}}, {"downwardAPI": {}}]},
+            },
+            {"name": "f", "downwardAPI": {"items": []}},
+            {"name": "g", "csi": {"driver": "secrets-store.csi.k8s.io"}},
+            {"name": "h", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}},
         ],
     }
     return tuned

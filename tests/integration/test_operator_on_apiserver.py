@@ -155,6 +155,16 @@ def test_pipeline_lifecycle_create_update_delete(
     wait_for(lambda: get(cp, "statefulset", "clean-driver", ns)["spec"]["replicas"] == 0, "suspend")  # type: ignore[index]
     wait_for(lambda: get(cp, "eop", "clean", ns)["status"].get("phase") == "Suspended", "Suspended")  # type: ignore[index]
 
+    # Another owner of the claim (a backup tool's, say) is not eop's to remove.
+    cp.kubectl("create", "configmap", "keeper", "-n", ns, check=True)
+    keeper = {"apiVersion": "v1", "kind": "ConfigMap", "name": "keeper"}
+    keeper["uid"] = get(cp, "configmap", "keeper", ns)["metadata"]["uid"]  # type: ignore[index]
+    cp.kubectl(
+        "patch", "pvc", "clean-checkpoint", "-n", ns, "--type=json",
+        "-p", json.dumps([{"op": "add", "path": "/metadata/ownerReferences/-", "value": keeper}]),
+        check=True,
+    )  # fmt: skip
+
     # Delete: the finalizer keeps the checkpoint claim (retention Retain), the GC removes the rest.
     # (kopf's 60 s daemon polling once made this take a minute: see handlers.configure)
     cp.kubectl("delete", "eop", "clean", "-n", ns, "--wait=true", "--timeout=30s", check=True)
@@ -165,8 +175,150 @@ def test_pipeline_lifecycle_create_update_delete(
             lambda kind=kind, name=name: get(cp, kind, name, ns) is None, f"GC of {kind}/{name}"
         )
     claim = get(cp, "persistentvolumeclaim", "clean-checkpoint", ns)
-    assert claim is not None and not claim["metadata"].get("ownerReferences")
+    assert claim is not None and claim["metadata"].get("ownerReferences") == [keeper]
     assert claim["metadata"].get("deletionTimestamp") is None
+
+
+def _degraded(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:
+    """The pipeline's Degraded condition, once it is True."""
+    return wait_for(
+        lambda: next(
+            (
+                c
+                for c in ((get(cp, "eop", name, ns) or {}).get("status") or {}).get(
+                    "conditions", []
+                )
+                if c["type"] == "Degraded" and c["status"] == "True"
+            ),
+            None,
+        ),
+        f"{name} Degraded",
+    )
+
+
+def test_a_pipeline_author_gets_no_other_account_and_no_other_teams_objects(
+    control_plane: ControlPlane, operator: Path, kube_namespace: str
+) -> None:
+    """Creating a pipeline grants no more than a restricted pod as its own ServiceAccount:
+    the operator's account is refused before any driver exists, and another team's ConfigMap
+    and Secret named as children are reported, never written, adopted or deleted with the
+    pipeline."""
+    cp, ns = control_plane, kube_namespace
+    # The account the operator runs as, were the pipeline in the operator's namespace.
+    _apply(cp, ns, _pipeline("runas", serviceAccountName="eop"))
+    victim = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "victim-config"}}
+    victim["data"] = {"team": "b"}
+    _apply(cp, ns, victim)
+    before = get(cp, "configmap", "victim-config", ns)
+    _apply(cp, ns, _pipeline("victim"))
+    # A Secret of the RPC key's name: the driver would mount it as its key.
+    cp.kubectl("create", "secret", "generic", "keyed-spark-rpc", "-n", ns, check=True)
+    secret = get(cp, "secret", "keyed-spark-rpc", ns)
+    _apply(cp, ns, _pipeline("keyed", spark={"master": "k8s://https://kubernetes.default.svc"}))
+
+    refused = _degraded(cp, ns, "runas")
+    assert "spec.serviceAccountName: " in refused["message"] and "'eop'" in refused["message"]
+    assert get(cp, "statefulset", "runas-driver", ns) is None
+    taken = _degraded(cp, ns, "victim")
+    assert taken["reason"] == "ChildNotOwned"
+    assert "ConfigMap victim-config exists and is not this pipeline's" in taken["message"]
+    keyed = _degraded(cp, ns, "keyed")
+    assert "Secret keyed-spark-rpc exists and is not this pipeline's" in keyed["message"]
+    assert get(cp, "statefulset", "keyed-driver", ns) is None
+    assert get(cp, "statefulset", "victim-driver", ns) is None  # it would read their ConfigMap
+    assert get(cp, "configmap", "victim-config", ns) == before
+    cp.kubectl("delete", "eop", "victim", "runas", "keyed", "-n", ns, "--timeout=30s", check=True)
+    # Unchanged, so with no ownerReference: nothing the garbage collector removes with them.
+    assert get(cp, "configmap", "victim-config", ns) == before
+    assert get(cp, "secret", "keyed-spark-rpc", ns) == secret
+
+
+def _raw(cp: ControlPlane, verb: str, path: str, account: str) -> tuple[int, str]:
+    """A raw API request as the ServiceAccount ``namespace:name``."""
+    result = cp.kubectl(verb, "--raw", path, f"--as=system:serviceaccount:{account}")
+    return result.returncode, result.stdout + result.stderr
+
+
+def _executor_pod(pipeline: str, **spec: Any) -> dict[str, Any]:
+    labels = {"exactlyonce.io/pipeline": pipeline, "app.kubernetes.io/component": "executor"}
+    container = {"name": "executor", "image": "localhost/eop-spark:test"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": f"{pipeline}-exec-", "labels": labels},
+        "spec": {"automountServiceAccountToken": False, "containers": [container], **spec},
+    }
+
+
+def test_driver_code_reaches_only_its_own_pipelines_executors(
+    control_plane: ControlPlane, operator: Path, kube_namespace: str
+) -> None:
+    """What user code in a k8s:// driver may do with its account (the chart's driver role and
+    policy, bound as the operator binds it): its own executors, nothing of another pipeline."""
+    cp, ns = control_plane, kube_namespace
+    for account in ("a-driver", "eop"):  # eop: as if the operator's, were it this namespace
+        cp.kubectl("create", "serviceaccount", account, "-n", ns, check=True)
+    cp.kubectl(
+        "create", "rolebinding", "a-driver", "-n", ns, "--clusterrole=eop-driver",
+        f"--serviceaccount={ns}:a-driver",
+        check=True,
+    )  # fmt: skip
+    theirs = _executor_pod("b")
+    theirs["metadata"] = {"name": "b-exec-1", "labels": theirs["metadata"]["labels"]}
+    _apply(cp, ns, theirs)
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "b-ckpt"}}
+    claim["spec"] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "1Gi"}},
+    }
+    _apply(cp, ns, claim)
+    cp.kubectl("create", "configmap", "b-config", "-n", ns, check=True)
+
+    def as_driver(*args: str, manifest: dict[str, Any] | None = None) -> tuple[int, str]:
+        result = cp.kubectl(
+            *args, "-n", ns, f"--as=system:serviceaccount:{ns}:a-driver", "--dry-run=server",
+            input=None if manifest is None else yaml.safe_dump(manifest),
+        )  # fmt: skip
+        return result.returncode, result.stdout + result.stderr
+
+    created = wait_for(
+        lambda: as_driver("create", "-f", "-", manifest=_executor_pod("a"))[0] == 0 or None,
+        "own executor",
+    )
+    assert created
+    refusals = {
+        "foreign pod": (
+            as_driver("create", "-f", "-", manifest=_executor_pod("b")),
+            "creates only its own executor pods",
+        ),
+        "token": (
+            as_driver(
+                "create", "-f", "-", manifest=_executor_pod("a", automountServiceAccountToken=True)
+            ),
+            "without an API token",
+        ),
+        "other account": (
+            as_driver("create", "-f", "-", manifest=_executor_pod("a", serviceAccountName="eop")),
+            "as no other ServiceAccount",
+        ),
+        "delete their pod": (
+            as_driver("delete", "pod", "b-exec-1"),
+            "deletes only its own executor pods",
+        ),
+        "delete every pod": (
+            as_driver("delete", "pods", "--all"),
+            "deletes only its own executor pods",
+        ),
+        "delete them all at once": (
+            # One deletecollection request, as Spark sends for its executors: judged per pod.
+            _raw(cp, "delete", f"/api/v1/namespaces/{ns}/pods?dryRun=All", f"{ns}:a-driver"),
+            "deletes only its own executor pods",
+        ),
+        "delete their config": (as_driver("delete", "configmap", "b-config"), "config maps and"),
+        "delete their claim": (as_driver("delete", "pvc", "b-ckpt"), "forbidden"),
+    }
+    for case, ((code, output), expected) in refusals.items():
+        assert code != 0 and expected in output, f"{case}: {output}"
 
 
 def test_retention_delete_lets_the_gc_remove_the_checkpoint(

@@ -6,7 +6,9 @@ import copy
 from typing import Any
 
 from eop_operator.reconcile.children import (
+    NotOwned,
     child_ref,
+    foreign_child,
     plan_sync,
     stamp_rendered_hash,
     version_of,
@@ -93,3 +95,44 @@ def test_after_a_restart_children_carrying_the_hash_are_taken_as_in_sync() -> No
     unstamped = _live(CONFIG)
     del unstamped["metadata"]["annotations"][RENDERED_HASH_ANNOTATION]  # an older operator's
     assert plan_sync([CONFIG], {child_ref(CONFIG): unstamped}, {}).apply == [CONFIG]
+
+
+# --- what is the pipeline's to change --------------------------------------------------------
+
+_OWNER = {"apiVersion": "exactlyonce.io/v1alpha1", "kind": "ExactlyOncePipeline", "name": "p"}
+_EOP_LABELS = {"app.kubernetes.io/managed-by": "eop-operator", "exactlyonce.io/pipeline": "p"}
+
+
+def _child(uid: str | None, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "p-config", "labels": labels or {}}
+    if uid is not None:
+        meta["ownerReferences"] = [{**_OWNER, "uid": uid, "controller": True}]
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}
+
+
+RENDERED = _child("pipeline-uid", _EOP_LABELS)
+
+
+def test_a_child_the_pipeline_owns_or_eop_retained_for_it_is_its_own() -> None:
+    assert foreign_child(_child("pipeline-uid", _EOP_LABELS), RENDERED) is None
+    # A checkpoint claim kept (retention Retain) after an earlier pipeline of the name went.
+    assert foreign_child(_child(None, _EOP_LABELS), RENDERED) is None
+
+
+def test_another_teams_object_of_a_childs_name_is_never_the_pipelines() -> None:
+    """A ConfigMap another team made, or one another pipeline (or anything else) controls,
+    even with eop's labels, is named and never written."""
+    other = _child("other-uid", {**_EOP_LABELS, "exactlyonce.io/pipeline": "other"})
+    other["metadata"]["ownerReferences"][0]["name"] = "other"
+    for live in (_child(None), _child(None, other["metadata"]["labels"]), other):
+        refusal = foreign_child(live, RENDERED)
+        assert isinstance(refusal, NotOwned)
+        assert refusal.startswith("ConfigMap p-config exists and is not this pipeline's")
+
+
+def test_an_earlier_pipelines_child_of_the_name_waits_for_the_garbage_collector() -> None:
+    """Deleted and created again under its name: the earlier pipeline's children are not
+    written, but they are no reason to call the new one Degraded."""
+    refusal = foreign_child(_child("earlier-pipeline-uid", _EOP_LABELS), RENDERED)
+    assert refusal is not None and not isinstance(refusal, NotOwned)
+    assert "earlier pipeline's of this name" in refusal

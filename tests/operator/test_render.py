@@ -446,6 +446,25 @@ def test_node_access_is_run_when_allowed(manifest: dict[str, Any]) -> None:
         check_pod_policy(pipeline, PodPolicy(allow_host_path_volumes=True))
 
 
+def test_another_service_account_is_refused_unless_allowed(manifest: dict[str, Any]) -> None:
+    """The operator's own account (or any other) is not a pipeline's to run as by default."""
+    manifest["spec"]["spark"] = {
+        "master": "k8s://https://kubernetes.default.svc",
+        "conf": {"spark.kubernetes.authenticate.executor.serviceAccountName": "eop"},
+    }
+    manifest["spec"]["serviceAccountName"] = "eop"
+    pipeline = load_pipeline(manifest)
+    with pytest.raises(PodPolicyRefused) as refused:
+        check_pod_policy(pipeline, PodPolicy())
+    message = str(refused.value)
+    assert message.startswith("spec.serviceAccountName: ") and "'eop'" in message
+    assert "spec.spark.conf[spark.kubernetes.authenticate.executor.serviceAccountName]" in message
+    assert "--allow-service-account eop" in message
+    check_pod_policy(pipeline, PodPolicy(service_accounts=frozenset({"eop"})))
+    with pytest.raises(PodPolicyRefused, match=r"^spec\.serviceAccountName: .*'eop'"):
+        check_pod_policy(pipeline, PodPolicy(service_accounts=frozenset({"s3-reader"})))
+
+
 def test_ordinary_pipelines_pass_the_pod_policy(manifest: dict[str, Any]) -> None:
     manifest["spec"]["driver"] = {"volumes": [{"name": "scratch", "emptyDir": {}}]}
     check_pod_policy(load_pipeline(manifest), PodPolicy())

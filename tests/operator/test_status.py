@@ -9,6 +9,7 @@ from eop_operator.api.load import load_pipeline
 from eop_operator.api.models import Condition, ConditionStatus, Phase, PipelineStatus
 from eop_operator.api.status_patch import StatusPatch, merge_patch
 from eop_operator.reconcile.causes import Cause, diagnose
+from eop_operator.reconcile.children import NotOwned
 from eop_operator.reconcile.decision import Degradation
 from eop_operator.reconcile.observe import ClaimState, DriverState, WarningEvent
 from eop_operator.reconcile.status import (
@@ -348,3 +349,12 @@ def test_a_driver_that_restarted_a_moment_ago_is_looked_at_again_when_it_counts_
     assert driver.recovers_in(later) == float("inf")
     never = DriverState.from_objects(None, [driver_pod(phase="Pending", **container())])
     assert never.recovers_in(NOW) == float("inf")
+
+
+def test_someone_elses_object_of_a_childs_name_makes_the_pipeline_degraded() -> None:
+    not_owned = NotOwned("ConfigMap victim-config exists and is not this pipeline's (...)")
+    verdict = lifecycle_verdict(
+        suspend=False, driver=None, degraded=None, upgrading=None, refused=(not_owned,)
+    )
+    assert verdict.phase is Phase.DEGRADED and verdict.degraded
+    assert verdict.reason == "ChildNotOwned" and verdict.message == not_owned

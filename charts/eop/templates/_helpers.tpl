@@ -56,8 +56,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
-The namespaces the operator serves, as a JSON list (use with fromJsonArray): watchNamespaces, or
-the release's own namespace when that list is empty. Empty with clusterWide: every namespace.
+The namespaces the operator serves, as a JSON list (use with fromJsonArray): watchNamespaces, which
+must be given (no namespace is served by default, the operator's own least of all: whoever may
+create pipelines in a namespace may create pods there). Empty with clusterWide: every namespace.
 */}}
 {{- define "eop.watchedNamespaces" -}}
 {{- if .Values.clusterWide }}
@@ -66,7 +67,10 @@ the release's own namespace when that list is empty. Empty with clusterWide: eve
 {{- end }}
 {{- toJson list }}
 {{- else }}
-{{- toJson (.Values.watchNamespaces | default (list .Release.Namespace)) }}
+{{- if not .Values.watchNamespaces }}
+{{- fail "watchNamespaces: list the namespaces whose pipelines the operator serves, e.g. --set 'watchNamespaces={team-a}' (the pipelines' own namespaces, not the operator's), or set clusterWide: true" }}
+{{- end }}
+{{- toJson .Values.watchNamespaces }}
 {{- end }}
 {{- end }}
 
@@ -82,13 +86,14 @@ one ClusterRole (bound per namespace, by RoleBindings the operator creates) in c
 
 {{/*
 What a pipeline's driver may do in its own namespace when it runs Spark executors on Kubernetes
-(spec.spark.master k8s://...): manage its executor pods, their services, config maps and
-on-demand volume claims. Nothing cluster-wide, no secrets. The same list as DRIVER_RULES in
-operator/eop_operator/render/rbac.py (tests/charts checks they agree).
+(spec.spark.master k8s://...): manage its executor pods, their services and config map; no volume
+claims. Nothing cluster-wide, no secrets; templates/driver-policy.yaml narrows it to the driver's
+own pipeline. The same list as DRIVER_RULES in operator/eop_operator/render/rbac.py (tests/charts
+checks they agree).
 */}}
 {{- define "eop.driverRules" -}}
 - apiGroups: [""]
-  resources: ["pods", "services", "configmaps", "persistentvolumeclaims"]
+  resources: ["pods", "services", "configmaps"]
   verbs: ["create", "get", "list", "watch", "delete", "deletecollection"]
 {{- end }}
 

@@ -495,6 +495,102 @@ EnvVar = Annotated[
 ]
 
 
+#: Volume types a driver may mount: those of a Pod Security ``restricted`` pod (what the
+#: namespace already holds, scratch space, the pod's own metadata), and hostPath, which the
+#: operator's pod policy refuses unless allowed (``render.pod_policy``).
+VOLUME_TYPES = (
+    "configMap",
+    "secret",
+    "emptyDir",
+    "persistentVolumeClaim",
+    "projected",
+    "downwardAPI",
+    "ephemeral",
+    "csi",
+    "hostPath",
+)
+#: The other volume types of core/v1 Pods: storage servers and cloud disks a pod would reach
+#: past the namespace's claims (the API server refuses these by name; the operator refuses any
+#: type not in VOLUME_TYPES).
+REFUSED_VOLUME_TYPES = (
+    "nfs",
+    "iscsi",
+    "rbd",
+    "cephfs",
+    "glusterfs",
+    "fc",
+    "flexVolume",
+    "flocker",
+    "cinder",
+    "gitRepo",
+    "image",
+    "awsElasticBlockStore",
+    "gcePersistentDisk",
+    "azureDisk",
+    "azureFile",
+    "vsphereVolume",
+    "photonPersistentDisk",
+    "portworxVolume",
+    "quobyte",
+    "scaleIO",
+    "storageos",
+)
+_ALLOWED_TYPES_TEXT = ", ".join(VOLUME_TYPES[:-1])
+VOLUME_TYPE = Rule(
+    " && ".join(f"!has(self.{kind})" for kind in REFUSED_VOLUME_TYPES),
+    lambda v: set(v) - {"name"} <= set(VOLUME_TYPES),
+    f"a driver volume is one of {_ALLOWED_TYPES_TEXT} (and hostPath where the operator allows "
+    "it); storage servers and cloud disks (nfs, iscsi, rbd, cephfs, ...) are mounted through a "
+    "persistentVolumeClaim",
+    explain=lambda v: (
+        f"volume {v.get('name')!r} is of type "
+        f"{', '.join(sorted(set(v) - {'name'} - set(VOLUME_TYPES)))}, which a driver may not "
+        "mount; "
+        f"a driver volume is one of {_ALLOWED_TYPES_TEXT} (and hostPath where the operator allows "
+        "it); storage servers and cloud disks are mounted through a persistentVolumeClaim"
+    ),
+)
+#: At most this many sources in a projected volume (the CEL cost of the rule below).
+MAX_PROJECTED_SOURCES = 32
+NO_TOKEN_VOLUME = Rule(
+    "!has(self.projected) || !has(self.projected.sources) || "
+    "self.projected.sources.all(s, !has(s.serviceAccountToken))",
+    lambda v: (
+        not any(
+            "serviceAccountToken" in source
+            for source in ((v.get("projected") or {}).get("sources") or [])
+            if isinstance(source, dict)
+        )
+    ),
+    "a projected volume may not hold a serviceAccountToken: a driver gets the API token of "
+    "its own ServiceAccount only when its executors run on Kubernetes",
+)
+Volume = Annotated[
+    KubeObject,
+    _declared(
+        name={**_STRING, "maxLength": 63},
+        projected={
+            "type": "object",
+            "properties": {
+                "sources": {
+                    "type": "array",
+                    "maxItems": MAX_PROJECTED_SOURCES,
+                    "items": {
+                        "type": "object",
+                        "properties": {"serviceAccountToken": _FREE_FORM},
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    },
+                }
+            },
+            "x-kubernetes-preserve-unknown-fields": True,
+        },
+        **{kind: _FREE_FORM for kind in REFUSED_VOLUME_TYPES},
+    ),
+    VOLUME_TYPE,
+    NO_TOKEN_VOLUME,
+]
+
+
 class DriverSpec(SpecModel):
     """Overrides for the driver pod."""
 
@@ -515,7 +611,13 @@ class DriverSpec(SpecModel):
     env: list[EnvVar] = Field(
         default_factory=list, max_length=128, description="Extra container env (EnvVar objects)."
     )
-    volumes: list[KubeObject] = Field(default_factory=list, description="Extra pod volumes.")
+    volumes: list[Volume] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra pod volumes: configMap, secret, emptyDir, persistentVolumeClaim, "
+        "projected (no serviceAccountToken), downwardAPI, ephemeral, csi; hostPath where the "
+        "operator allows it.",
+    )
     volume_mounts: list[KubeObject] = Field(
         default_factory=list, description="Extra container volumeMounts."
     )

@@ -11,9 +11,11 @@ from typing import Any
 
 import kopf
 
+from eop_operator import KIND
 from eop_operator.api.load import InvalidPipeline, load_pipeline, plain
 from eop_operator.api.models import Retention
 from eop_operator.controller.context import Context
+from eop_operator.kube.client import KubeError
 from eop_operator.kube.events import post_event
 from eop_operator.render import MissingImage, checkpoint_root
 from eop_operator.render.naming import checkpoint_deletion_job_name
@@ -40,6 +42,26 @@ def checkpoint_on_delete(body: Mapping[str, Any]) -> tuple[str | None, bool]:
     return claim, checkpoint.get("retention") != Retention.DELETE.value
 
 
+def release_patch(obj: Mapping[str, Any], pipeline_uid: str) -> dict[str, Any] | None:
+    """The merge patch that removes the pipeline's ownerReference from ``obj`` and keeps every
+    other one, or None when the pipeline does not own it.
+
+    With ``obj``'s resourceVersion: a reference someone adds meanwhile is not lost (the patch
+    is refused, and the finalizer retried).
+    """
+    meta = obj.get("metadata") or {}
+    refs = list(meta.get("ownerReferences") or [])
+    kept = [ref for ref in refs if ref.get("uid") != pipeline_uid]
+    if len(kept) == len(refs):
+        return None
+    return {
+        "metadata": {
+            "ownerReferences": kept or None,
+            "resourceVersion": meta.get("resourceVersion"),
+        }
+    }
+
+
 async def honour_retention(context: Context, body: Mapping[str, Any]) -> None:
     """Honour the checkpoint retention policy before the garbage collector runs, valid or not."""
     claim, retain = checkpoint_on_delete(plain(body))
@@ -57,11 +79,11 @@ async def honour_retention(context: Context, body: Mapping[str, Any]) -> None:
         return
     client = context.client
     namespace = str(body["metadata"]["namespace"])
-    if await client.get("v1", "PersistentVolumeClaim", namespace, claim) is not None:
-        # Without an owner the garbage collector leaves the claim alone.
-        await client.patch(
-            "v1", "PersistentVolumeClaim", namespace, claim, {"metadata": {"ownerReferences": None}}
-        )
+    found = await client.get("v1", "PersistentVolumeClaim", namespace, claim)
+    patch = None if found is None else release_patch(found, str(body["metadata"].get("uid")))
+    if patch is not None:
+        # Without the pipeline as owner the garbage collector leaves the claim alone.
+        await client.patch("v1", "PersistentVolumeClaim", namespace, claim, patch)
     await post_event(
         client,
         body,
@@ -73,8 +95,6 @@ async def honour_retention(context: Context, body: Mapping[str, Any]) -> None:
 
 #: How often a pipeline being deleted looks at its checkpoint deletion Job.
 DELETION_POLL_SECONDS = 5.0
-#: How long to wait before looking at a failed checkpoint deletion Job again.
-DELETION_FAILED_RETRY_SECONDS = 60.0
 
 
 def _job_condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -89,8 +109,10 @@ async def finalize_object_storage(context: Context, body: Mapping[str, Any]) -> 
 
     Retain keeps the objects. Delete runs a Job (``render_checkpoint_deletion_job``)
     with the pipeline's image and credentials, and holds the pipeline (kopf retries this
-    handler) until the Job has succeeded. A spec that no longer validates, an image or a
-    pod policy that forbids the Job: the objects are kept and an event says so.
+    handler) until the Job has ended, which its retries and deadline bound. A spec that no
+    longer validates, an image or a pod policy that forbids the Job, a Job that failed or
+    that the API server refuses, a Job of its name that is someone else's: the objects are
+    kept, an event says so, and the pipeline goes (deletion never hangs a namespace).
     """
     client, options = context.client, context.options
     raw = plain(body)
@@ -133,12 +155,35 @@ async def finalize_object_storage(context: Context, body: Mapping[str, Any]) -> 
     namespace = pipeline.metadata.namespace
     name = checkpoint_deletion_job_name(pipeline)
     job = await client.get("batch/v1", "Job", namespace, name)
-    owners = [o.get("uid") for o in ((job or {}).get("metadata") or {}).get("ownerReferences", [])]
-    if job is not None and pipeline.metadata.uid not in owners:
-        # An earlier pipeline's Job, which the garbage collector is about to delete.
-        raise kopf.TemporaryError(f"waiting for an earlier Job {name} to go", delay=5)
+    owners = ((job or {}).get("metadata") or {}).get("ownerReferences", [])
+    if job is not None and pipeline.metadata.uid not in [o.get("uid") for o in owners]:
+        if any(o.get("kind") == KIND and o.get("name") == pipeline.metadata.name for o in owners):
+            # An earlier pipeline's Job, which the garbage collector is about to delete.
+            raise kopf.TemporaryError(f"waiting for an earlier Job {name} to go", delay=5)
+        await post_event(
+            client,
+            body,
+            type="Warning",
+            reason="CheckpointRetained",
+            message=f"checkpoint {root} kept: Job {name} exists and is not this pipeline's",
+        )
+        return
     if job is None:
-        await client.create(render_checkpoint_deletion_job(pipeline, image, root))
+        try:
+            await client.create(render_checkpoint_deletion_job(pipeline, image, root))
+        except KubeError as exc:
+            if not 400 <= exc.status < 500:
+                raise
+            # Refused for good (the namespace is being deleted, the operator's rights in it
+            # are gone): a pipeline never hangs its namespace; the checkpoint stays.
+            await post_event(
+                client,
+                body,
+                type="Warning",
+                reason="CheckpointRetained",
+                message=f"checkpoint {root} kept: no Job can delete it ({str(exc)[:300]})",
+            )
+            return
         await post_event(
             client,
             body,
@@ -164,9 +209,9 @@ async def finalize_object_storage(context: Context, body: Mapping[str, Any]) -> 
             type="Warning",
             reason="CheckpointDeletionFailed",
             message=f"Job {name} could not delete checkpoint {root} "
-            f"({failed.get('reason')}: {failed.get('message')}); its pods' logs say why. Fix "
-            "checkpoint.secretRef or checkpoint.options and delete the Job to try again, or "
-            "set checkpoint.retention Retain to keep the checkpoint",
+            f"({failed.get('reason')}: {failed.get('message')}) after its retries; the "
+            "checkpoint is kept and the pipeline goes. The Job's pods' logs say why; delete "
+            f"the checkpoint with `eop checkpoint delete {root}` once that is fixed",
         )
-        raise kopf.TemporaryError(f"Job {name} failed", delay=DELETION_FAILED_RETRY_SECONDS)
+        return
     raise kopf.TemporaryError(f"Job {name} deletes {root}", delay=DELETION_POLL_SECONDS)

@@ -33,7 +33,7 @@ from eop_operator.controller.renderer import renderer
 from eop_operator.kube.observed import Observed, PipelineKey, pipeline_key, slim
 from eop_operator.reconcile.admission import Claimant, claimed_identities
 from eop_operator.reconcile.cadence import RETRY_SECONDS, TIMER_SECONDS
-from eop_operator.render.naming import MANAGED_BY, PIPELINE_LABEL
+from eop_operator.render.naming import MANAGED_BY, MANAGED_BY_LABEL, PIPELINE_LABEL
 from eop_operator.render.ports import HostPortsExhausted, metrics_host_port_of
 
 FINALIZER = f"{GROUP}/finalizer"
@@ -44,7 +44,7 @@ KOPF_PREFIX = f"kopf.{GROUP}"
 QUIESCE_SECONDS = 10.0
 
 #: What the operator manages carries this label; its watches see nothing else.
-MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
+MANAGED = {MANAGED_BY_LABEL: MANAGED_BY}
 DRIVER_POD = {**MANAGED, "app.kubernetes.io/component": "driver"}
 #: The watched kinds the lifecycle reads (group, version, plural), besides the pipelines.
 STATEFULSETS = ("apps", "v1", "statefulsets")
@@ -154,12 +154,13 @@ async def started(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     policy = options.pod_policy
     logger.info(
         "default image %s, metrics host ports %s, driver role %s, host network %s, "
-        "hostPath volumes %s",
+        "hostPath volumes %s, service accounts %s",
         options.default_image or "(none)",
         options.host_ports,
         options.driver_role,
         "allowed" if policy.allow_host_network else "refused",
         "allowed" if policy.allow_host_path_volumes else "refused",
+        ", ".join(sorted(policy.service_accounts)) or "only eop's",
     )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,9 +222,10 @@ async def take_step(
                 todo = []  # healed a moment ago: again once HEAL_SECONDS have passed
     news = bool(merge_patch(record, subject.body.get("status") or {}))
     # What only the apply changes (no WAL entry) is written after it: the status then
-    # says what the step brought about, in one write rather than two.
-    if todo and not news and not decision.events:
-        return await _apply(context, subject.body, todo, memory, clock, key_owner)
+    # says what the step brought about, in one write rather than two. Not while something
+    # is refused: the status must say so (the next step, once the apply's answer is known).
+    if todo and not news and not decision.events and not memory.refused:
+        return await _apply(context, subject.body, todo, children, memory, clock, key_owner)
     unseen = CONTROLLER_SECONDS - (clock - memory.applied_at)
     if (
         unseen > 0
@@ -254,7 +255,7 @@ async def take_step(
     if todo:
         # The events say what the step does; they need not hold its apply back.
         again, _ = await asyncio.gather(
-            _apply(context, subject.body, todo, memory, clock, key_owner),
+            _apply(context, subject.body, todo, children, memory, clock, key_owner),
             _post_events(context, subject.body, decision.events),
         )
         return None if decision.action is Action.APPLY else again
@@ -286,12 +287,15 @@ async def _apply(
     context: Context,
     body: dict[str, Any],
     todo: list[dict[str, Any]],
+    live: Mapping[ChildRef, Mapping[str, Any]],
     memory: Memory,
     clock: float,
     key_owner: ExactlyOncePipeline | None = None,
 ) -> float | None:
     """Apply ``todo`` and remember the answers; return when to look again.
 
+    ``live``: the pipeline's children the watches show (an object they do not show is read
+    before it is applied: what eop did not create is never taken over).
     ``key_owner``: a pipeline whose Spark RPC key Secret is created first, if missing.
 
     None ("now") when what the API server refuses changed (the status says so), else
@@ -300,8 +304,7 @@ async def _apply(
     client = context.client
     # The key first: a driver pod waits for every Secret it mounts.
     refused_key = await ensure_rpc_secret(client, key_owner) if key_owner is not None else ()
-    applied, refused = await apply_children(client, todo)
-    refused = refused_key + refused
+    applied, refused = await apply_children(client, todo, live, refused_key)
     for ref, answer in applied.items():
         context.own_writes.record(answer, clock)
         memory.applied[ref] = version_of(answer)

@@ -17,8 +17,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from eop_operator import KIND
 from eop_operator.render import spec_hash
-from eop_operator.render.naming import RENDERED_HASH_ANNOTATION
+from eop_operator.render.naming import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    PIPELINE_LABEL,
+    RENDERED_HASH_ANNOTATION,
+)
 
 #: (kind, name): how a child is named among one pipeline's children.
 ChildRef = tuple[str, str]
@@ -29,6 +35,59 @@ Version = tuple[str, str]
 def child_ref(obj: Mapping[str, Any]) -> ChildRef:
     """(kind, name) of an object."""
     return str(obj["kind"]), str(obj["metadata"]["name"])
+
+
+def _owner_uids(obj: Mapping[str, Any]) -> set[str]:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return {str(ref.get("uid")) for ref in refs}
+
+
+class NotOwned(str):
+    """A refused child: an object of its name exists that eop did not create for the pipeline
+    (the pipeline is Degraded, reason ``ChildNotOwned``, until it is gone)."""
+
+
+def foreign_child(live: Mapping[str, Any], rendered: Mapping[str, Any]) -> str | None:
+    """Why ``live``, an existing object named as the ``rendered`` child, is not the pipeline's
+    to change, or None when it is.
+
+    The pipeline's own: owned by it (its uid in ``ownerReferences``), or left by eop for it, as a
+    retained checkpoint claim is (eop's labels naming the pipeline, and no other controller).
+    Anything else, another team's ConfigMap of the same name above all, is never written or
+    adopted, so it never goes with the pipeline either (:class:`NotOwned`). A child of an
+    earlier pipeline of the same name waits for the garbage collector (a plain refusal: the
+    pipeline is not Degraded for it).
+    """
+    mine = _owner_uids(rendered)
+    meta = live.get("metadata") or {}
+    if mine & _owner_uids(live):
+        return None
+    labels = meta.get("labels") or {}
+    controlled = any(ref.get("controller") for ref in meta.get("ownerReferences") or [])
+    wanted = (rendered.get("metadata") or {}).get("labels") or {}
+    if (
+        not controlled
+        and labels.get(MANAGED_BY_LABEL) == MANAGED_BY
+        and labels.get(PIPELINE_LABEL) == wanted.get(PIPELINE_LABEL)
+    ):
+        return None
+    kind, name = child_ref(live)
+    earlier = [
+        ref
+        for ref in meta.get("ownerReferences") or []
+        if ref.get("controller")
+        and ref.get("kind") == KIND
+        and ref.get("name") == labels.get(PIPELINE_LABEL) == wanted.get(PIPELINE_LABEL)
+    ]
+    if earlier:
+        return (
+            f"{kind} {name} is an earlier pipeline's of this name: applied once the garbage "
+            "collector has deleted it"
+        )
+    return NotOwned(
+        f"{kind} {name} exists and is not this pipeline's (eop did not create it for this "
+        "pipeline): eop neither changes nor adopts it; remove or rename it, or rename the pipeline"
+    )
 
 
 def version_of(obj: Mapping[str, Any]) -> Version:

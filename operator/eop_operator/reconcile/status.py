@@ -21,6 +21,7 @@ from eop_operator.api.models import (
 )
 from eop_operator.api.status_patch import LifecyclePatch
 from eop_operator.reconcile.causes import Cause
+from eop_operator.reconcile.children import NotOwned
 from eop_operator.reconcile.decision import Degradation
 from eop_operator.render.naming import EXECUTORS_ANNOTATION, executor_selector
 
@@ -139,8 +140,13 @@ def lifecycle_verdict(
 
     ``cause`` (see ``reconcile.causes.diagnose``) says why the driver does not run: it names
     the reason and message, and makes the pipeline Degraded when waiting does
-    not help. ``refused`` are the objects the API server refused to apply.
+    not help. ``refused`` are the objects the API server refused to apply, and those eop
+    would not (:class:`NotOwned`: someone else's object of a child's name makes it Degraded).
     """
+    not_owned = [line for line in refused if isinstance(line, NotOwned)]
+    if not_owned and degraded is None:
+        degraded = Degradation(reason="ChildNotOwned", message="; ".join(not_owned))
+        refused = [line for line in refused if not isinstance(line, NotOwned)]
     if degraded is not None:
         verdict = _stuck(Phase.DEGRADED, degraded.reason, degraded.message)
     elif upgrading is not None and not suspend:

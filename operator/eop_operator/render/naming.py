@@ -19,6 +19,8 @@ EXECUTORS_ANNOTATION = f"{ANNOTATION_PREFIX}/executors"
 #: On every child the operator applies: the hash of what it rendered (reconcile.children).
 RENDERED_HASH_ANNOTATION = f"{ANNOTATION_PREFIX}/rendered-hash"
 MANAGED_BY = "eop-operator"
+#: The label saying which controller manages an object (``MANAGED_BY`` on eop's children).
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 
 
 def config_map_name(pipeline: ExactlyOncePipeline) -> str:
@@ -84,7 +86,7 @@ def common_labels(pipeline: ExactlyOncePipeline, component: str) -> dict[str, st
     return {
         **selector_labels(pipeline),
         "app.kubernetes.io/component": component,
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        MANAGED_BY_LABEL: MANAGED_BY,
     }
 
 

@@ -16,13 +16,17 @@ from typing import Any
 from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.render.naming import child_metadata, driver_name
 
-#: What Spark's driver needs to manage its executors: pods, their services and
-#: config maps, and on-demand volume claims.  Nothing cluster-wide, no secrets.
+#: What Spark's driver needs to manage its executors: pods, their services and the
+#: executors' config map. No volume claims (eop refuses Spark's on-demand claims,
+#: ``spark.kubernetes.executor.volumes.*``), nothing cluster-wide, no secrets. Spark deletes
+#: its executors and their config map by label (``deletecollection``); the chart's
+#: ValidatingAdmissionPolicy (templates/driver-policy.yaml) lets a driver create only pods
+#: with its own pipeline's executor labels, and delete only those and what Spark made.
 #: The chart's drivers' role (``eop.driverRules`` in charts/eop) holds exactly these.
 DRIVER_RULES: list[dict[str, Any]] = [
     {
         "apiGroups": [""],
-        "resources": ["pods", "services", "configmaps", "persistentvolumeclaims"],
+        "resources": ["pods", "services", "configmaps"],
         "verbs": ["create", "get", "list", "watch", "delete", "deletecollection"],
     }
 ]
