@@ -59,9 +59,10 @@ lint: setup
 demo: deps-demo
 	$(PY) -m demo.run
 
-## test: the whole suite (unit, real Kafka + Spark, real control plane); what CI runs
+## test: the whole suite (unit, real Kafka + Spark, real control plane and clusters) in two lanes
+## side by side (tests/lanes.py); what CI runs
 test: deps
-	$(PY) -m pytest
+	$(PY) -m tests.lanes
 
 ## test-unit: seconds, no external components
 test-unit: setup
@@ -69,7 +70,7 @@ test-unit: setup
 
 ## test-fast: every test under ~15 s but the local clusters' (no slow, e2e or nodes marker)
 test-fast: deps
-	$(PY) -m pytest -m "not slow and not e2e and not nodes"
+	$(PY) -m tests.lanes -m "not slow and not e2e and not nodes"
 
 ## cluster-up: the local cluster with real kubelets, plus the images (docs/local-cluster.md);
 ## NODES=3: three nodes on a pod network with kube-proxy and CoreDNS

@@ -80,9 +80,10 @@ _BUSY = """
 import subprocess, sys
 
 def test_busy():
-    # A process whose command line names the operator, busy for about a second of CPU.
+    # A process whose command line names the operator, busy for 3 s of CPU (the sampler may
+    # miss its last second).
     subprocess.run(
-        [sys.executable, "-c", "import time\\nend = time.process_time() + 1.2\\n"
+        [sys.executable, "-c", "import time\\nend = time.process_time() + 3\\n"
          "while time.process_time() < end: pass", "eop_operator"],
         check=True,
     )
@@ -102,6 +103,56 @@ def test_the_clock_counts_cpu_by_kind_of_process_and_per_test(
     assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines(["*CPU * core-minutes, by kind:*"])
     written = json.loads(clock.read_text())
-    assert written["cpu"]["operator"] >= 0.8, written["cpu"]
+    assert written["cpu"]["operator"] >= 1.8, written["cpu"]
     (test,) = [t for t in written["cpu_per_test"] if t.endswith("test_busy")]
-    assert written["cpu_per_test"][test]["operator"] >= 0.8
+    assert written["cpu_per_test"][test]["operator"] >= 1.8
+
+
+_LANED = """
+import os, time
+import pytest
+
+@pytest.fixture(scope="session")
+def control_plane():
+    return "cp"
+
+def test_on_the_control_plane(control_plane):
+    open(f"cluster-{os.getpid()}", "w").write(str(time.time()))
+    time.sleep(1.5)
+    assert os.environ.get("FAIL_CLUSTER") != "1"
+"""
+
+_DATA = """
+import os, time
+
+def test_on_its_own():
+    open(f"data-{os.getpid()}", "w").write(str(time.time()))
+    time.sleep(1.5)
+"""
+
+
+def test_lanes_run_side_by_side_each_its_modules_and_a_failure_in_one_fails_the_run(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, pytestconfig: pytest.Config
+) -> None:
+    from tests import lanes
+
+    pytester.makeconftest('pytest_plugins = ["tests.plugins.lifetimes"]')
+    pytester.makepyfile(test_cluster_side=_LANED, test_data_side=_DATA)
+    monkeypatch.setenv("PYTHONPATH", str(pytestconfig.rootpath))
+    assert lanes.main(["-v"], root=pytester.path) == 0
+    out = pytester.path / ".eop" / "suite"
+    cluster_log, data_log = (out / "cluster.log").read_text(), (out / "data.log").read_text()
+    assert "test_cluster_side.py::test_on_the_control_plane PASSED" in cluster_log
+    assert "test_data_side" not in cluster_log
+    assert "test_data_side.py::test_on_its_own PASSED" in data_log
+    assert "test_cluster_side" not in data_log
+    # One process each, and at the same time: each started before the other ended.
+    (cluster,) = [float(p.read_text()) for p in pytester.path.glob("cluster-*")]
+    (data,) = [float(p.read_text()) for p in pytester.path.glob("data-*")]
+    assert abs(cluster - data) < 1.5
+
+    monkeypatch.setenv("FAIL_CLUSTER", "1")
+    assert lanes.main(["-q"], root=pytester.path) == pytest.ExitCode.TESTS_FAILED
+    # A selection in one lane only leaves the other with nothing to run: no failure.
+    monkeypatch.delenv("FAIL_CLUSTER")
+    assert lanes.main(["-q", "test_data_side.py"], root=pytester.path) == 0

@@ -5,6 +5,10 @@
   store; the local cluster; the multi-node cluster. Within a stage they keep their file order
   (and a module's tests stay together, for its module-scoped fixtures). So the tests that
   need no component report first, and every component's users run one after the other.
+* **Lanes.** ``python -m tests.lanes`` (what ``make test`` runs) runs the suite as two
+  pytest processes side by side, each with components of its own (:func:`lane_of`): the
+  tests that need a control plane, a local cluster or the replicated Kafka cluster in one, the
+  rest (one broker, Spark, the object store) in the other. ``--lane NAME`` selects one.
 * **Release.** Once the last test of the run that uses one of :data:`COMPONENTS` has
   finished, that fixture is torn down (the component stops) instead of idling until the
   session ends and taking CPU from every test after it: an idle control plane or cluster
@@ -52,12 +56,39 @@ def stage_of(item: pytest.Item) -> int:
     return 0
 
 
+#: The lanes, in the order ``python -m tests.lanes`` starts them.
+LANES = ("cluster", "data")
+
+
+def lane_of(module: list[pytest.Item]) -> str:
+    """The lane a test module runs in: ``cluster`` for the control plane's and the local
+    clusters' stages and the replicated Kafka cluster's users, ``data`` for the rest. The two
+    take about as long; a test module stays in one lane, for its module-scoped fixtures."""
+    fixtures = {name for item in module for name in getattr(item, "fixturenames", ())}
+    stage = max(stage_of(item) for item in module)
+    if stage in (1, 2, 4, 5) or {"kafka_cluster", "kafka_cluster_chaos"} & fixtures:
+        return "cluster"
+    return "data"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--lane NAME``: run only that lane's test modules (see :data:`LANES`)."""
+    parser.addoption(
+        "--lane", choices=LANES, default=None, help="run only this lane's test modules"
+    )
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order the modules by stage (stable), then note each component's last user."""
+    """Keep the lane's modules (with ``--lane``), order them by stage (stable), then note each
+    component's last user."""
     modules: dict[Path, list[pytest.Item]] = {}
     for item in items:
         modules.setdefault(Path(str(item.path)), []).append(item)
+    lane = config.getoption("--lane", None)
+    if lane is not None:
+        other = [path for path, module in modules.items() if lane_of(module) != lane]
+        config.hook.pytest_deselected(items=[i for path in other for i in modules.pop(path)])
     stages = {path: max(stage_of(i) for i in module) for path, module in modules.items()}
     ordered = sorted(modules, key=lambda path: stages[path])  # sorted() is stable
     items[:] = [item for path in ordered for item in modules[path]]
