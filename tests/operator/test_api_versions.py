@@ -156,3 +156,16 @@ def test_a_changed_spec_must_pass_the_tightened_rule(manifest: dict[str, Any]) -
     assert "health.stallTimeout must be longer" in client.reasons()["InvalidSpec"]
     assert client.applied == [], "a changed spec that breaks a rule was run"
     assert client.status[0]["phase"] == "Invalid"
+
+
+def test_the_warning_condition_goes_when_the_spec_passes_again(manifest: dict[str, Any]) -> None:
+    body = copy.deepcopy(manifest)
+    body["metadata"]["generation"] = 2  # the user fixed the spec
+    warned = {"type": "SpecNoLongerValid", "status": "True", "reason": "RuleTightened"}
+    body["status"] = {"phase": "Running", "observedGeneration": 1, "conditions": [warned]}
+    client = _step(body)
+    assert client.status, "no status was written"
+    assert "SpecNoLongerValid" not in client.reasons()
+    for status in client.status:
+        kinds = [c["type"] for c in status.get("conditions", [])]
+        assert "SpecNoLongerValid" not in kinds, "a fixed spec is still said to break a rule"
