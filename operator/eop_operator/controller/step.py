@@ -289,24 +289,16 @@ async def warn_lenient(context: Context, subject: Subject, memory: Memory) -> No
     if said == memory.lenient:
         return
     memory.lenient = said
+    events = []
     if subject.ratcheted:
-        await post_event(
-            context.client,
-            subject.body,
-            type="Warning",
-            reason="SpecNoLongerValid",
-            message="the spec runs as accepted; a changed spec must pass: "
-            + "; ".join(subject.ratcheted),
-        )
+        passed = "; ".join(subject.ratcheted)
+        message = f"the spec runs as accepted; a changed spec must pass: {passed}"
+        events.append(Event(type="Warning", reason="SpecNoLongerValid", message=message))
     if subject.ignored:
-        await post_event(
-            context.client,
-            subject.body,
-            type="Warning",
-            reason="UnknownFields",
-            message="fields this operator version does not know are ignored: "
-            + ", ".join(subject.ignored),
-        )
+        ignored = ", ".join(subject.ignored)
+        message = f"fields this operator version does not know are ignored: {ignored}"
+        events.append(Event(type="Warning", reason="UnknownFields", message=message))
+    await _post_events(context, subject.body, events)
 
 
 async def _post_events(context: Context, body: dict[str, Any], events: Sequence[Event]) -> None:
