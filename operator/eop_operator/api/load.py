@@ -76,7 +76,7 @@ class Lenient(Generic[T]):
     value: T
     #: Fields this operator does not know, ignored (``spec.newField``).
     ignored: tuple[str, ...] = ()
-    #: Rules the value breaks, let pass because it was accepted before (``spec.x: message``).
+    #: The messages of the rules the value breaks, let pass because it was accepted before.
     ratcheted: tuple[str, ...] = ()
 
 
@@ -97,13 +97,10 @@ def _drop(data: Any, loc: tuple[int | str, ...]) -> bool:
     return False
 
 
-def validate_lenient(
-    model: type[M], data: Mapping[str, Any], *, ratchet: bool, where: str = ""
-) -> Lenient[M]:
+def validate_lenient(model: type[M], data: Mapping[str, Any], *, ratchet: bool) -> Lenient[M]:
     """Validate ``data`` into ``model``, ignoring unknown fields; ``ratchet``: rules too.
 
-    ``where`` prefixes the reported field paths (``spec`` for a spec alone).  Raises
-    :class:`InvalidPipeline` for anything else that does not validate.
+    Raises :class:`InvalidPipeline` for anything else that does not validate.
     """
     data = plain(data)  # a copy: unknown fields are removed from it
     ignored: list[str] = []
@@ -116,10 +113,9 @@ def validate_lenient(
             dropped = [loc for loc in unknown if _drop(data, loc)]
             if not dropped:
                 raise InvalidPipeline(describe(exc)) from None
-            ignored += [".".join(str(p) for p in (where, *loc) if p != "") for loc in dropped]
+            ignored += [".".join(str(part) for part in loc) for loc in dropped]
             continue
-        prefix = f"{where}: " if where else ""
-        return Lenient(value, tuple(ignored), tuple(f"{prefix}{m}" for m in broken))
+        return Lenient(value, tuple(ignored), tuple(broken))
 
 
 def accepted_unchanged(obj: Mapping[str, Any]) -> bool:
