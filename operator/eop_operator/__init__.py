@@ -23,9 +23,17 @@ except PackageNotFoundError:  # run from a source tree that is not installed
 
 #: API group, version and kind of the custom resource.
 GROUP = "exactlyonce.io"
+#: The storage version: the one the API server keeps objects in, and the one the operator
+#: reads and writes.  It stays ``v1alpha1`` while an operator that knows only ``v1alpha1`` may
+#: be rolled back to (docs/api.md, "API versions").
 VERSION = "v1alpha1"
+#: Every served version, oldest first.  Their schemas are identical, so the API server converts
+#: between them by changing ``apiVersion`` alone (conversion strategy ``None``).
+VERSIONS = ("v1alpha1", "v1beta1")
 KIND = "ExactlyOncePipeline"
 PLURAL = "exactlyoncepipelines"
 SINGULAR = "exactlyoncepipeline"
 SHORT_NAMES = ("eop",)
 API_VERSION = f"{GROUP}/{VERSION}"
+#: The ``apiVersion`` of each served version.
+API_VERSIONS = tuple(f"{GROUP}/{version}" for version in VERSIONS)

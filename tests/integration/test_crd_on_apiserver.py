@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -833,3 +834,60 @@ def test_transactional_id_prefix_is_immutable(
     del obj["spec"]["transactions"]
     code, output = _apply(crd_installed, kube_namespace, obj)
     assert code != 0 and "immutable" in output
+
+
+def _read(cp: ControlPlane, namespace: str, version: str, name: str = "") -> dict[str, Any]:
+    """A pipeline (or, without ``name``, the list) as ``version`` of the API serves it."""
+    resource = f"exactlyoncepipelines.{version}.exactlyonce.io"
+    args = ("get", resource, *([name] if name else []), "-n", namespace, "-o", "json")
+    return dict(json.loads(cp.kubectl(*args, check=True).stdout))
+
+
+def test_an_object_reads_the_same_in_every_served_version_and_migrates_in_place(
+    crd_installed: ControlPlane, kube_namespace: str
+) -> None:
+    cp, ns = crd_installed, kube_namespace
+    status = {"phase": "Pending", "observedGeneration": 1, "message": "written as v1beta1"}
+    for created_as, read_as in (("v1alpha1", "v1beta1"), ("v1beta1", "v1alpha1")):
+        obj = copy.deepcopy(VALID)
+        obj["apiVersion"] = f"exactlyonce.io/{created_as}"
+        obj["metadata"] = {"name": f"as-{created_as}"}
+        cp.kubectl("create", "-n", ns, "-f", "-", input=yaml.safe_dump(obj), check=True)
+        # The status written through the other version, as an operator of that version would.
+        cp.kubectl(
+            "patch",
+            f"exactlyoncepipelines.{read_as}.exactlyonce.io",
+            f"as-{created_as}",
+            "-n",
+            ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": status}),
+            check=True,
+        )
+        written = _read(cp, ns, created_as, f"as-{created_as}")
+        read = _read(cp, ns, read_as, f"as-{created_as}")
+        assert read["apiVersion"] == f"exactlyonce.io/{read_as}"
+        assert (
+            read["spec"] == written["spec"]
+            and read["spec"]["transform"]["sql"] == VALID["spec"]["transform"]["sql"]
+        )
+        assert (
+            read["status"] == written["status"] and read["status"]["message"] == status["message"]
+        )
+    # kubectl's short name serves the preferred version.
+    listed = json.loads(cp.kubectl("get", "eop", "-n", ns, "-o", "json", check=True).stdout)
+    assert {i["apiVersion"] for i in listed["items"]} == {"exactlyonce.io/v1beta1"}
+    assert len(listed["items"]) == 2
+    # The storage migration of docs/api.md: every object written again, unchanged.
+    before = _read(cp, ns, "v1alpha1")["items"]
+    replaced = cp.kubectl("replace", "-f", "-", input=json.dumps(listed))
+    assert replaced.returncode == 0, replaced.stderr
+    after = _read(cp, ns, "v1alpha1")["items"]
+    assert [i["spec"] for i in after] == [i["spec"] for i in before]
+    assert [i["metadata"]["generation"] for i in after] == [1, 1], "the migration changed a spec"
+    crd = json.loads(
+        cp.kubectl("get", "crd", "exactlyoncepipelines.exactlyonce.io", "-o", "json").stdout
+    )
+    assert crd["status"]["storedVersions"] == ["v1alpha1"]

@@ -526,3 +526,46 @@ def test_executors_on_kubernetes_get_an_rpc_key_and_scale_with_kubectl(
     # The garbage collector takes the key with its pipeline.
     cp.kubectl("delete", "eop", "wide", "-n", ns, "--wait=true", "--timeout=30s", check=True)
     wait_for(lambda: get(cp, "secret", "wide-spark-rpc", ns) is None, "GC of the RPC key")
+
+
+def test_a_pipeline_applied_as_v1beta1_runs_and_a_newer_operators_condition_survives(
+    control_plane: ControlPlane, operator: Path, kube_namespace: str
+) -> None:
+    """The operator reads the storage version whatever version a user applied; a condition
+    of a type it does not write (a newer operator's, after a rollback) stays in the status."""
+    cp, ns = control_plane, kube_namespace
+    pipeline = _pipeline("beta")
+    pipeline["apiVersion"] = "exactlyonce.io/v1beta1"
+    _apply(cp, ns, pipeline)
+    wait_for(lambda: get(cp, "statefulset", "beta-driver", ns), "the driver's StatefulSet")
+    conditions = wait_for(
+        lambda: (get(cp, "eop", "beta", ns) or {}).get("status", {}).get("conditions"),
+        "the operator's conditions",
+    )
+    # A newer operator wrote a condition of a type this one does not know.
+    foreign = {"type": "Autoscaled", "status": "True", "reason": "Scaled", "message": "by v2"}
+    cp.kubectl(
+        "patch",
+        "eop",
+        "beta",
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"conditions": [*conditions, foreign]}}),
+        check=True,
+    )
+    pipeline["spec"]["suspend"] = True  # this operator writes its conditions again
+    _apply(cp, ns, pipeline)
+    status = wait_for(
+        lambda: (
+            (s := (get(cp, "eop", "beta", ns) or {}).get("status", {})).get("phase") == "Suspended"
+            and s
+        ),
+        "phase Suspended",
+    )
+    kinds = {c["type"]: c for c in status["conditions"]}
+    assert kinds["Ready"]["reason"] == "Suspended", kinds["Ready"]
+    assert kinds.get("Autoscaled", {}).get("message") == "by v2", "the foreign condition is gone"
+    assert not [e for e in _events(cp, ns, "beta") if e["reason"] == "InvalidSpec"]

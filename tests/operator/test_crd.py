@@ -80,3 +80,17 @@ def test_api_reference_matches_the_models() -> None:
     committed = (ROOT / "docs" / "api.md").read_text()
     assert committed == api_reference() + "\n", "docs/api.md drifted: run `make crds`"
     assert "`spec.transactions.idPrefix`" in committed
+
+
+def test_every_served_version_has_the_same_schema_and_one_is_stored() -> None:
+    """No schema difference between versions: the API server converts without a webhook."""
+    crd = yaml.safe_load(crd_yaml())
+    versions = crd["spec"]["versions"]
+    assert [v["name"] for v in versions] == ["v1alpha1", "v1beta1"]
+    assert all(v["served"] for v in versions)
+    assert [v["name"] for v in versions if v["storage"]] == ["v1alpha1"]
+    assert crd["spec"]["conversion"] == {"strategy": "None"}
+    first, *others = [{k: v for k, v in version.items() if k != "name"} for version in versions]
+    stored = {k: v for k, v in first.items() if k != "storage"}
+    for other in others:
+        assert {k: v for k, v in other.items() if k != "storage"} == stored

@@ -41,9 +41,11 @@ def test_restarts_under_way_when_the_operator_starts_are_counted() -> None:
         "startedAt": now,
     }
     slots = RestartSlots(2)
+    # A's spec has a field of a newer operator (this one was rolled back): it still counts.
+    newer = {"upgrade": {"mode": "last-state", "drainTimeout": "30s"}}
     slots.seed(
         [
-            (A, {"spec": {}, "status": {"upgrade": wal}}),
+            (A, {"spec": newer, "status": {"upgrade": wal}}),
             (B, {"spec": {}, "status": {"upgrade": {**wal, "reason": "SpecChanged"}}}),
             (C, {"spec": {}, "status": {}}),
         ]

@@ -8,11 +8,12 @@ keeps the validation keywords and CEL rules the models declare.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import yaml
 
-from eop_operator import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from eop_operator import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, VERSIONS
 from eop_operator.api.models import ExactlyOncePipeline, PipelineSpec, PipelineStatus
 
 #: JSON-schema keywords that carry over unchanged into the CRD schema.
@@ -164,8 +165,25 @@ def scale_subresource() -> dict[str, str]:
     }
 
 
+def _version(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """One served version of the CRD: every version has the same schema and subresources."""
+    return {
+        "name": name,
+        "served": True,
+        "storage": name == VERSION,
+        "subresources": {"status": {}, "scale": scale_subresource()},
+        "additionalPrinterColumns": _printer_columns(),
+        "schema": {"openAPIV3Schema": schema},
+    }
+
+
 def render_crd() -> dict[str, Any]:
-    """The CustomResourceDefinition of ExactlyOncePipeline."""
+    """The CustomResourceDefinition of ExactlyOncePipeline, with each of its served versions.
+
+    The versions share one schema, so the API server converts between them without a
+    webhook (``conversion.strategy: None``): it only rewrites ``apiVersion``.
+    """
+    schema = openapi_schema()
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -181,16 +199,8 @@ def render_crd() -> dict[str, Any]:
                 "shortNames": list(SHORT_NAMES),
                 "categories": ["all", "eop"],
             },
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}, "scale": scale_subresource()},
-                    "additionalPrinterColumns": _printer_columns(),
-                    "schema": {"openAPIV3Schema": openapi_schema()},
-                }
-            ],
+            "conversion": {"strategy": "None"},
+            "versions": [_version(name, copy.deepcopy(schema)) for name in VERSIONS],
         },
     }
 

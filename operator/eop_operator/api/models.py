@@ -1,4 +1,4 @@
-"""The ExactlyOncePipeline API (v1alpha1): the single source of the CRD schema.
+"""The ExactlyOncePipeline API (every served version has this one schema): the CRD's source.
 
 The data-plane parts (source, transform, sink, trigger, spark) come from
 ``eop_spark.contract.spec``; this module adds what only the operator needs.  The CRD in

@@ -12,7 +12,7 @@ from typing import Any
 import kopf
 
 from eop_operator import KIND
-from eop_operator.api.load import InvalidPipeline, load_pipeline, plain
+from eop_operator.api.load import InvalidPipeline, load_stored, plain
 from eop_operator.api.models import Retention
 from eop_operator.controller.context import Context
 from eop_operator.kube.client import KubeError
@@ -118,7 +118,7 @@ async def finalize_object_storage(context: Context, body: Mapping[str, Any]) -> 
     raw = plain(body)
     checkpoint = (raw.get("spec") or {}).get("checkpoint") or {}
     try:
-        pipeline = load_pipeline(raw)
+        pipeline = load_stored(raw).value
     except InvalidPipeline as exc:
         await post_event(
             client,

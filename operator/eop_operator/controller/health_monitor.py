@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eop_operator import metrics
-from eop_operator.api.load import InvalidPipeline, load_pipeline
+from eop_operator.api.load import InvalidPipeline, load_stored
 from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.api.resolve import IdentityChanged, resolve_identity
 from eop_operator.controller.context import Context
@@ -109,7 +109,7 @@ class HealthMonitor:
         meta = body["metadata"]
         namespace, name = meta.get("namespace") or "", meta.get("name") or ""
         try:
-            interval = duration_ms(load_pipeline(body).spec.health.check_interval) / 1000
+            interval = duration_ms(load_stored(body).value.spec.health.check_interval) / 1000
         except InvalidPipeline:
             interval = INVALID_RETRY_S
         await stopped.wait(first_check_delay(meta.get("uid") or name, interval))
@@ -126,7 +126,7 @@ class HealthMonitor:
     async def check(self, body: Mapping[str, Any], memory: HealthMemory, pods: WatchIndex) -> float:
         """Check the lag and keep ``G`` alive as needed; return the seconds until the next."""
         try:
-            pipeline = load_pipeline(body)
+            pipeline = load_stored(body).value
         except InvalidPipeline:
             return INVALID_RETRY_S
         interval = duration_ms(pipeline.spec.health.check_interval) / 1000

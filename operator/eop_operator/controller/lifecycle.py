@@ -17,7 +17,7 @@ from eop_operator.api.load import InvalidPipeline
 from eop_operator.api.resolve import IdentityChanged
 from eop_operator.controller.context import Context
 from eop_operator.controller.lifecycle_status import refuse
-from eop_operator.controller.step import Memory, Renderer, take_step
+from eop_operator.controller.step import Memory, Renderer, take_step, warn_lenient
 from eop_operator.controller.subject import Subject
 from eop_operator.kube.observed import Observed, PipelineKey
 from eop_operator.reconcile.cadence import LOOK_SECONDS, POLL_SECONDS, first_verify_in
@@ -123,6 +123,7 @@ class Lifecycle:
                 memory.look_at = 0.0  # a step that fails is tried again at the next tick
                 try:
                     subject = Subject.read(body)
+                    await warn_lenient(self.context, subject, memory)
                     departed = [pod] if pod else []
                     wait = await take_step(
                         self.context, observed, subject, render, memory, departed

@@ -62,6 +62,7 @@ async def write_status(
         generation=pipeline.metadata.generation,
         ready=ready_column(observation, suspend=pipeline.spec.suspend),
         now=stamp(datetime.datetime.now(datetime.UTC)),
+        ratcheted=subject.ratcheted,
     )
     checkpoint = record.checkpoint if "checkpoint" in given else None
     generation = (checkpoint or previous.checkpoint or CheckpointStatus()).generation

@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from eop_operator.api.load import InvalidPipeline, validate_lenient
 from eop_operator.api.models import UpgradeSpec, UpgradeStatus
 from eop_operator.kube.observed import PipelineKey
 from eop_operator.reconcile.upgrade import holds_restart_slot
@@ -33,9 +34,10 @@ def holds_slot(body: dict[str, Any], now: datetime.datetime) -> bool:
     if not wal:
         return False
     try:
-        upgrade = UpgradeSpec.model_validate((body.get("spec") or {}).get("upgrade") or {})
+        spec = (body.get("spec") or {}).get("upgrade") or {}
+        upgrade = validate_lenient(UpgradeSpec, spec, ratchet=True).value
         return holds_restart_slot(UpgradeStatus.model_validate(wal), upgrade, now)
-    except ValidationError:
+    except (ValidationError, InvalidPipeline):
         return False
 
 

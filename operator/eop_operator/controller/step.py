@@ -87,6 +87,9 @@ class Memory:
     look_at: float = 0.0
     #: The versions of what the last step that waited read (``Observed.versions``).
     seen: Versions = field(default_factory=dict)
+    #: What the last warning said the stored object has that this operator let pass:
+    #: (fields ignored, rules ratcheted).
+    lenient: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
 
 def _template_annotation(statefulset: dict[str, Any] | None, key: str) -> str | None:
@@ -274,6 +277,29 @@ async def take_step(
     verify_in = math.inf if memory.verify_at is None else memory.verify_at - clock
     asked = math.inf if decision.requeue_after is None else decision.requeue_after
     return next_look(asked, looks, later, verify_in, driver.recovers_in(now))
+
+
+async def warn_lenient(context: Context, subject: Subject, memory: Memory) -> None:
+    """Say once (per operator run and change) what the stored pipeline has that was let pass.
+
+    ``SpecNoLongerValid``: the unchanged spec breaks rules it passed when it was accepted;
+    it keeps running (the status has a condition of that type too).  ``UnknownFields``:
+    fields this operator does not know (written for a newer one) are ignored.
+    """
+    said = (subject.ignored, subject.ratcheted)
+    if said == memory.lenient:
+        return
+    memory.lenient = said
+    events = []
+    if subject.ratcheted:
+        passed = "; ".join(subject.ratcheted)
+        message = f"the spec runs as accepted; a changed spec must pass: {passed}"
+        events.append(Event(type="Warning", reason="SpecNoLongerValid", message=message))
+    if subject.ignored:
+        ignored = ", ".join(subject.ignored)
+        message = f"fields this operator version does not know are ignored: {ignored}"
+        events.append(Event(type="Warning", reason="UnknownFields", message=message))
+    await _post_events(context, subject.body, events)
 
 
 async def _post_events(context: Context, body: dict[str, Any], events: Sequence[Event]) -> None:

@@ -30,6 +30,11 @@ PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 RECONCILING = "Reconciling"
 STALLED = "Stalled"
+#: True while the operator runs a spec that breaks a rule added or tightened after the spec
+#: was accepted (ratcheting): no Degraded, the spec runs; a changed spec must obey the rule.
+SPEC_NO_LONGER_VALID = "SpecNoLongerValid"
+#: The condition types this operator writes; others (a newer operator's) are kept as found.
+OWNED_CONDITIONS = (READY, PROGRESSING, DEGRADED, RECONCILING, STALLED, SPEC_NO_LONGER_VALID)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,9 +205,19 @@ def _condition(
 
 
 def conditions(
-    previous: list[Condition], verdict: Verdict, *, generation: int | None, now: str
+    previous: list[Condition],
+    verdict: Verdict,
+    *,
+    generation: int | None,
+    now: str,
+    ratcheted: tuple[str, ...] = (),
 ) -> list[Condition]:
-    """All conditions for a verdict, keeping transition times of unchanged ones."""
+    """All conditions for a verdict, keeping transition times of unchanged ones.
+
+    ``ratcheted``: the rules the running spec no longer passes (a ``SpecNoLongerValid``
+    condition names them).  Conditions of types this operator does not write (a newer
+    operator's) are kept: the list is written whole.
+    """
     # kstatus, Flux and Argo CD's generic health read Stalled as "Failed": every Degraded
     # verdict needs a person (a crash loop, a refused generation, an invalid spec), so a
     # GitOps tool reports it at once instead of when its health-check timeout runs out.
@@ -214,12 +229,29 @@ def conditions(
         (RECONCILING, verdict.progressing),
         (STALLED, stalled),
     ]
-    return [
+    written = [
         _condition(
             previous, kind, value, verdict.reason, verdict.message, generation=generation, now=now
         )
         for kind, value in table
     ]
+    if ratcheted:
+        message = (
+            "the spec runs as accepted but breaks rules of this operator version; a changed "
+            f"spec must pass them: {'; '.join(ratcheted)}"
+        )
+        written.append(
+            _condition(
+                previous,
+                SPEC_NO_LONGER_VALID,
+                True,
+                "RuleTightened",
+                message,
+                generation=generation,
+                now=now,
+            )
+        )
+    return written + [c for c in previous if c.type not in OWNED_CONDITIONS]
 
 
 def ready_column(driver: DriverObservation | None, *, suspend: bool) -> str:
@@ -236,13 +268,19 @@ def verdict_status(
     generation: int | None,
     ready: str,
     now: str,
+    ratcheted: tuple[str, ...] = (),
 ) -> LifecyclePatch:
-    """The status a verdict sets: phase, READY, observedGeneration and the conditions."""
+    """The status a verdict sets: phase, READY, observedGeneration and the conditions.
+
+    ``ratcheted``: rules the running spec no longer passes (see :func:`conditions`).
+    """
     return LifecyclePatch(
         phase=verdict.phase,
         ready=ready,
         observed_generation=generation,
-        conditions=conditions(previous.conditions, verdict, generation=generation, now=now),
+        conditions=conditions(
+            previous.conditions, verdict, generation=generation, now=now, ratcheted=ratcheted
+        ),
     )
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import datetime
 
+from eop_operator.api.load import validate_lenient
 from eop_operator.api.models import (
     CheckpointStatus,
     ExactlyOncePipeline,
@@ -501,6 +502,7 @@ def spec_to_run(pipeline: ExactlyOncePipeline) -> tuple[ExactlyOncePipeline, boo
         or status.rolled_back_fingerprint != spec_fingerprint(pipeline.spec)
     ):
         return pipeline, False
-    stable = PipelineSpec.model_validate(status.last_stable_spec)
+    # Accepted once: what a newer operator recorded, or a rule tightened since, still runs.
+    stable = validate_lenient(PipelineSpec, status.last_stable_spec, ratchet=True).value
     stable = stable.model_copy(update={"suspend": pipeline.spec.suspend})
     return pipeline.model_copy(update={"spec": stable}), True

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import core_schema as cs
 
@@ -36,6 +36,20 @@ _DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 
 #: The key of a JSON-schema extra holding CEL rules, as the CRD wants them.
 CEL_RULES_KEY = "x-kubernetes-validations"
+
+#: The validation-context key that ratchets :class:`Rule` s and choice groups: a list under
+#: it collects their violations (messages) instead of raising them.  The operator passes one
+#: for a spec an earlier operator accepted unchanged, as the API server ratchets CEL rules.
+RATCHET_KEY = "ratchet"
+
+
+def _violated(message: str, info: ValidationInfo | None) -> None:
+    """Raise a rule's ValueError, or record it when the validation ratchets."""
+    context = info.context if info is not None else None
+    if isinstance(context, dict) and isinstance(context.get(RATCHET_KEY), list):
+        context[RATCHET_KEY].append(message)
+        return
+    raise ValueError(message)
 
 
 def duration_ms(duration: str) -> int:
@@ -77,14 +91,17 @@ class Rule:
             rule["messageExpression"] = self.message_expression
         return rule
 
-    def check(self, value: Any) -> Any:
-        """Return ``value`` when the rule holds, else raise ValueError with the message."""
+    def check(self, value: Any, info: ValidationInfo | None = None) -> Any:
+        """Return ``value`` when the rule holds, else raise ValueError with the message.
+
+        Under a ratcheting validation (:data:`RATCHET_KEY`) the message is recorded instead.
+        """
         if not self.holds(value):
-            raise ValueError(self.explain(value) if self.explain is not None else self.message)
+            _violated(self.explain(value) if self.explain is not None else self.message, info)
         return value
 
     def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> cs.CoreSchema:
-        return cs.no_info_after_validator_function(self.check, handler(source))
+        return cs.with_info_after_validator_function(self.check, handler(source))
 
     def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict[str, Any]:
         out: dict[str, Any] = handler(schema)
@@ -148,13 +165,13 @@ class SpecModel(BaseModel):
         return groups
 
     @model_validator(mode="after")
-    def _check_choices(self) -> SpecModel:
+    def _check_choices(self, info: ValidationInfo) -> SpecModel:
         for group, exactly, message in self._choice_groups():
             chosen = [name for name in group if getattr(self, name) not in (None, False)]
             if len(chosen) > 1 or (exactly and not chosen):
-                raise ValueError(message)
+                _violated(message, info)
         for rule in self.rules:
-            rule.check(self)
+            rule.check(self, info)
         return self
 
     @classmethod
