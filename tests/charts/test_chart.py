@@ -293,11 +293,10 @@ def test_pipelines_run_as_other_accounts_only_as_listed_and_never_as_the_operato
     helm: Helm,
 ) -> None:
     (container,) = deployment(render(helm))["spec"]["template"]["spec"]["containers"]
-    assert not vars(build_parser().parse_args(container["args"]))["allow_service_account"]
+    assert not operator_args(container).allow_service_account
     listed = render(helm, "pipelinePolicy.serviceAccounts={s3-reader,gcs-writer}")
     (container,) = deployment(listed)["spec"]["template"]["spec"]["containers"]
-    args = vars(build_parser().parse_args(container["args"]))
-    assert args["allow_service_account"] == ["s3-reader", "gcs-writer"]
+    assert operator_args(container).allow_service_account == ["s3-reader", "gcs-writer"]
     result = helm.run(
         "template", "eop", str(CHART), *set_args((*SERVE, "pipelinePolicy.serviceAccounts={eop}"))
     )
