@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -29,6 +30,10 @@ from tests.plugins.kafka import read_values
 pytestmark = pytest.mark.kafka
 
 TIMEOUT = 30.0
+
+
+class _Stuck(Exception):
+    """A producer call that did not return within its timeout."""
 
 
 class CommitLoop:
@@ -59,14 +64,18 @@ class CommitLoop:
         except BaseException as exc:
             self.error = exc
 
+    def _producer(self) -> Producer:
+        """A producer of the loop's transactional id, fencing any older one."""
+        config = {"transactional.id": self.transactional_id, "log_level": 0}
+        producer = Producer(self.cluster.client_config(config))
+        until_coordinator_ready(lambda: producer.init_transactions(TIMEOUT))
+        return producer
+
     def _commit_until_stopped(self) -> None:
-        producer = Producer(
-            self.cluster.client_config({"transactional.id": self.transactional_id, "log_level": 0})
-        )
+        producer = self._producer()
         # The group is only named, never joined: as eop's progress group.
         member = Consumer(self.cluster.client_config({"group.id": self.group, "log_level": 0}))
         metadata = member.consumer_group_metadata()
-        until_coordinator_ready(lambda: producer.init_transactions(TIMEOUT))
         n = 0
         while not self._stop.is_set():
             value = f"v{n}".encode()
@@ -75,20 +84,40 @@ class CommitLoop:
             try:
                 producer.produce(self.topic, value)
                 self._send_offsets(producer, metadata)
-                until_coordinator_ready(lambda: producer.commit_transaction(TIMEOUT))
+                until_coordinator_ready(partial(producer.commit_transaction, TIMEOUT))
                 self.committed.append(value)
+            except _Stuck:
+                producer = self._producer()  # it fences the stuck one: its transaction aborts
             except KafkaException as exc:
                 if not exc.args[0].txn_requires_abort():
                     raise
-                until_coordinator_ready(lambda: producer.abort_transaction(TIMEOUT))
+                until_coordinator_ready(partial(producer.abort_transaction, TIMEOUT))
         producer.flush(TIMEOUT)
         member.close()
 
     def _send_offsets(self, producer: Producer, metadata: Any) -> None:
+        """Add the group's offset to the transaction, as eop's sinks do: bounded, as librdkafka
+        2.16 can block in this call past its timeout when the group's coordinator went away
+        (confluentinc/librdkafka#5456, #5511; the runner bounds it the same way)."""
         offsets = [TopicPartition(self.topic, 0, len(self.committed) + 1)]
-        until_coordinator_ready(
-            lambda: producer.send_offsets_to_transaction(offsets, metadata, TIMEOUT)
-        )
+        outcome: list[BaseException | None] = []
+
+        def send() -> None:
+            try:
+                until_coordinator_ready(
+                    lambda: producer.send_offsets_to_transaction(offsets, metadata, TIMEOUT)
+                )
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        call = threading.Thread(target=send, name="send-offsets", daemon=True)
+        call.start()
+        call.join(TIMEOUT + 5)
+        if not outcome:
+            raise _Stuck("send_offsets_to_transaction")
+        if outcome[0] is not None:
+            raise outcome[0]
 
     def await_commits(self, more: int, timeout: float = 90.0) -> None:
         """Wait until ``more`` transactions more than now have committed."""
