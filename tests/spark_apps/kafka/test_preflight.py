@@ -6,6 +6,8 @@ run with a configuration error (exit 2, the operator's ``ConfigError``) naming
 the field, where without the check Spark would start and the pipeline would
 read its own output, or fail at its first transaction.  The runs here are asked
 to stop before Spark starts, so a check that lets a mistake through returns 0.
+The runner's very line, as a driver's termination message, makes the operator
+report the pipeline ``Degraded`` at once, naming the field.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from typing import Any
 import pytest
 
 from devenv.kafka import KafkaBroker
+from eop_operator.reconcile.upgrade import decide
 from eop_spark.contract.errors import EXIT_CONFIG, EXIT_OK, ConfigError
 from eop_spark.contract.run_config import RunConfig
 from eop_spark.contract.termination import failure_line
 from eop_spark.kafka.preflight import Cluster
 from eop_spark.runtime.runner import PipelineRun
+from tests.operator.test_upgrade import _between_crashes, situation, steady
 from tests.plugins.kafka import TopicFactory
 
 pytestmark = pytest.mark.kafka
@@ -43,6 +47,18 @@ def preflight(source: dict[str, Any], sink: dict[str, Any]) -> int:
     stop = threading.Event()
     stop.set()
     return PipelineRun(config, stop).run()
+
+
+def assert_reported(error: ConfigError, field: str) -> str:
+    """The runner's failure line for ``error``, checked to reach the user naming ``field``:
+    exit 2, and the operator's ``Degraded`` condition (no retry) quoting it."""
+    assert error.exit_code == EXIT_CONFIG
+    line = failure_line(error)
+    assert line.startswith(f"eop: error: [ConfigError] {field} ")
+    degraded = decide(situation(steady(), _between_crashes(1, line, seconds_ago=5))).degraded
+    assert degraded is not None and degraded.reason == "ConfigError"
+    assert f"restarting does not help: {field} " in degraded.message
+    return line
 
 
 @pytest.mark.parametrize(
@@ -74,9 +90,8 @@ def test_a_sink_the_source_reads_on_the_same_cluster_is_refused(
 
     with pytest.raises(ConfigError) as refused:
         preflight(source, sink)
-    assert refused.value.exit_code == EXIT_CONFIG
-    line = failure_line(refused.value)
-    assert line.startswith(f"eop: error: [ConfigError] spec.sink.kafka.topic {sink_topic!r}")
+    line = assert_reported(refused.value, "spec.sink.kafka.topic")
+    assert f"spec.sink.kafka.topic {sink_topic!r} is read by" in line
     assert field in line and "on the same Kafka cluster (cluster id " in line
     assert "read its own output" in line
 
@@ -106,8 +121,8 @@ def test_a_transaction_timeout_above_the_brokers_maximum_is_refused(
 
     with pytest.raises(ConfigError) as refused:
         preflight(source, sink | {"transactionTimeout": "16m"})
-    line = failure_line(refused.value)
-    assert line.startswith("eop: error: [ConfigError] spec.sink.kafka.transactionTimeout 16m")
+    line = assert_reported(refused.value, "spec.sink.kafka.transactionTimeout")
+    assert "spec.sink.kafka.transactionTimeout 16m" in line
     assert "(960000 ms) is above transaction.max.timeout.ms 900000" in line
 
     assert preflight(source, sink | {"transactionTimeout": "15m"}) == EXIT_OK
