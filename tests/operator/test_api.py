@@ -150,6 +150,7 @@ def test_the_runner_never_subscribes_internal_topics() -> None:
     obj = copy.deepcopy(VALID)
     del obj["spec"]["source"]["kafka"]["topics"]
     obj["spec"]["source"]["kafka"]["topicPattern"] = ".*"
+    obj["spec"]["sink"]["kafka"]["bootstrapServers"] = "kafka-sink:9092"  # not read back
     pattern = load_pipeline(obj).spec.source.kafka.subscribed_pattern
     assert pattern is not None
     names = ["raw", "__consumer_offsets", "__transaction_state", "__eop_progress", "a__b"]
