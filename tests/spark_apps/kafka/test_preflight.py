@@ -19,11 +19,12 @@ from typing import Any
 import pytest
 
 from devenv.kafka import KafkaBroker
+from devenv.kafka_cluster import KafkaCluster
 from eop_operator.reconcile.upgrade import decide
 from eop_spark.contract.errors import EXIT_CONFIG, EXIT_OK, ConfigError
 from eop_spark.contract.run_config import RunConfig
 from eop_spark.contract.termination import failure_line
-from eop_spark.kafka.preflight import Cluster
+from eop_spark.kafka.preflight import Cluster, cluster, refuse_long_transactions
 from eop_spark.runtime.runner import PipelineRun
 from tests.operator.test_upgrade import _between_crashes, situation, steady
 from tests.plugins.kafka import TopicFactory
@@ -102,13 +103,13 @@ def test_a_sink_the_source_reads_on_the_same_cluster_is_refused(
 
 
 def test_the_same_cluster_is_told_by_id_not_by_servers() -> None:
-    def cluster(servers: str, cluster_id: str | None) -> Cluster:
+    def described(servers: str, cluster_id: str | None) -> Cluster:
         return Cluster(role="sink", servers=servers, id=cluster_id, topics={})
 
-    assert cluster("a:9092,b:9092", "x").same_as(cluster("b:9092,a:9092", "x"))
-    assert not cluster("a:9092", "x").same_as(cluster("a:9092", "y"))
-    assert cluster("a:9092", None).same_as(cluster("a:9092", "x"))
-    assert not cluster("a:9092", None).same_as(cluster("b:9092", "x"))
+    assert described("a:9092,b:9092", "x").same_as(described("b:9092,a:9092", "x"))
+    assert not described("a:9092", "x").same_as(described("a:9092", "y"))
+    assert described("a:9092", None).same_as(described("a:9092", "x"))
+    assert not described("a:9092", None).same_as(described("b:9092", "x"))
 
 
 def test_a_transaction_timeout_above_the_brokers_maximum_is_refused(
@@ -126,3 +127,13 @@ def test_a_transaction_timeout_above_the_brokers_maximum_is_refused(
     assert "(960000 ms) is above transaction.max.timeout.ms 900000" in line
 
     assert preflight(source, sink | {"transactionTimeout": "15m"}) == EXIT_OK
+
+
+def test_every_broker_of_a_cluster_is_asked_for_its_maximum(kafka_cluster: KafkaCluster) -> None:
+    # librdkafka takes one broker per request: each of the three is asked in its own.
+    conf = kafka_cluster.client_config()
+    sink = cluster(conf, "sink")
+    assert len(sink.brokers) == 3
+    with pytest.raises(ConfigError, match=r"\(960000 ms\) is above transaction.max.timeout.ms"):
+        refuse_long_transactions(conf, sink, "16m")
+    refuse_long_transactions(conf, sink, "15m")
