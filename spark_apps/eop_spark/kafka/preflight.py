@@ -273,10 +273,13 @@ def refuse_long_transactions(
     from confluent_kafka.admin._config import ConfigResource
     from confluent_kafka.admin._resource import ResourceType
 
+    def resource(broker: int) -> ConfigResource:
+        return ConfigResource(ResourceType.BROKER, str(broker))
+
     timeout_ms = duration_ms(transaction_timeout)
     admin = AdminClient({**EAGER_CONNECTIONS, **client_config, "log_level": 0})
     requests = [
-        (broker, admin.describe_configs([ConfigResource(ResourceType.BROKER, str(broker))]))
+        (broker, admin.describe_configs([resource(broker)], request_timeout=METADATA_TIMEOUT_S))
         for broker in sink.brokers
     ]
     maxima: dict[int, int] = {}
