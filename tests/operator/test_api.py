@@ -117,10 +117,40 @@ def test_a_topic_pattern_python_cannot_compile_is_refused_by_the_operator() -> N
         load_pipeline(obj)
 
 
+@pytest.mark.parametrize(
+    ("pattern", "sink_servers", "refused"),
+    [
+        ("cl.*", "127.0.0.1:9092", True),
+        ("raw|clean", "127.0.0.1:9092", True),
+        ("cl", "127.0.0.1:9092", False),  # whole names: "cl" does not read "clean"
+        ("cl.*", "kafka-sink:9092", False),  # another cluster, as far as the spec tells
+    ],
+)
+def test_a_sink_topic_the_source_pattern_matches_is_refused_by_the_operator(
+    pattern: str, sink_servers: str, refused: bool
+) -> None:
+    # CEL checks listed topics only (RE2 cannot compile every Java pattern); the operator
+    # matches the pattern before any driver starts, the runner by cluster id.
+    obj = copy.deepcopy(VALID)
+    del obj["spec"]["source"]["kafka"]["topics"]
+    obj["spec"]["source"]["kafka"]["topicPattern"] = pattern
+    obj["spec"]["sink"]["kafka"]["bootstrapServers"] = sink_servers
+    if not refused:
+        load_pipeline(obj)
+        return
+    with pytest.raises(InvalidPipeline) as error:
+        load_pipeline(obj)
+    assert f"sink.kafka.topic 'clean' matches source.kafka.topicPattern {pattern!r}" in str(
+        error.value
+    )
+    assert "read its own output" in str(error.value)
+
+
 def test_the_runner_never_subscribes_internal_topics() -> None:
     obj = copy.deepcopy(VALID)
     del obj["spec"]["source"]["kafka"]["topics"]
     obj["spec"]["source"]["kafka"]["topicPattern"] = ".*"
+    obj["spec"]["sink"]["kafka"]["bootstrapServers"] = "kafka-sink:9092"  # not read back
     pattern = load_pipeline(obj).spec.source.kafka.subscribed_pattern
     assert pattern is not None
     names = ["raw", "__consumer_offsets", "__transaction_state", "__eop_progress", "a__b"]

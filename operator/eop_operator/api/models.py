@@ -675,9 +675,28 @@ IMAGE_REFERENCE = matches(
 
 
 def _sink_is_not_a_source(spec: PipelineSpec) -> bool:
+    """Whether the sink topic is not one the source reads from the same bootstrapServers.
+
+    Listed or matched by ``topicPattern`` (Python's ``re``, whole names); CEL
+    checks listed topics only: the API server's regex engine (RE2) cannot
+    compile every pattern Java can.  The runner compares the clusters by id.
+    """
     source, sink = spec.source.kafka, spec.sink.kafka
-    same_cluster = source.bootstrap_servers == sink.bootstrap_servers
-    return not (same_cluster and source.topics is not None and sink.topic in source.topics)
+    return source.bootstrap_servers != sink.bootstrap_servers or not source.reads(sink.topic)
+
+
+def _sink_read_by(spec: PipelineSpec) -> str:
+    source, topic = spec.source.kafka, spec.sink.kafka.topic
+    if source.topics is not None:
+        return (
+            f"sink.kafka.topic {topic!r} is one of source.kafka.topics on the same "
+            "bootstrapServers: the pipeline would read its own output"
+        )
+    return (
+        f"sink.kafka.topic {topic!r} matches source.kafka.topicPattern "
+        f"{source.topic_pattern!r} on the same bootstrapServers: the pipeline would read its "
+        "own output"
+    )
 
 
 _STALL_TIMEOUT_DEFAULT = HealthSpec.model_fields["stall_timeout"].default
@@ -706,6 +725,7 @@ class PipelineSpec(SpecModel):
             "sink.kafka.topic must not be one of source.kafka.topics on the same cluster: the "
             "pipeline would read its own output",
             field_path=".sink.kafka.topic",
+            explain=_sink_read_by,
         ),
         Rule(
             f"!has(self.transform.outputMode) || self.transform.outputMode != "

@@ -541,7 +541,8 @@ class KafkaSink(SpecModel):
     )
     topic: Topic = Field(
         description="Output topic (a Kafka topic name: letters, digits, '.', '_', '-'); not one "
-        "of source.kafka.topics when both are on the same bootstrapServers."
+        "the source reads (source.kafka.topics or topicPattern) on the same Kafka cluster, "
+        "however its brokers are written."
     )
     commit_mode: CommitMode = Field(
         default=CommitMode.AUTO,
@@ -549,7 +550,8 @@ class KafkaSink(SpecModel):
     )
     transaction_timeout: Annotated[Duration, at_least("transactionTimeout", "1s")] = Field(
         default="60s",
-        description="Kafka transaction.timeout.ms of the sink producers; at least 1s.",
+        description="Kafka transaction.timeout.ms of the sink producers; at least 1s, at most "
+        "the sink brokers' transaction.max.timeout.ms (15m unless the brokers set it).",
     )
     durability: Durability = Field(
         default=Durability.REFUSE,

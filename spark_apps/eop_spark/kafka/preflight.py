@@ -2,7 +2,10 @@
 
 They run in seconds with librdkafka, so a typo in a topic name or an
 unreachable broker fails the runner quickly with one clear line, instead of a
-Spark query that waits forever on a topic that never appears.  A failed TLS
+Spark query that waits forever on a topic that never appears.  Two mistakes
+only the clusters can reveal are refused the same way, naming the field: a
+sink topic the source reads (on the same cluster however its brokers are
+written), and a transaction timeout above the sink brokers' maximum.  A failed TLS
 handshake is named by its cause: a cluster certificate the pipeline's CA did
 not sign, a client certificate that has expired or that the cluster refuses.
 """
@@ -17,8 +20,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from eop_spark.contract.errors import EnvironmentNotReady
+from eop_spark.contract.errors import ConfigError, EnvironmentNotReady
 from eop_spark.contract.offsets import TopicPartition
+from eop_spark.contract.spec import KafkaSource, duration_ms
 from eop_spark.kafka.client_config import EAGER_CONNECTIONS
 
 #: How long a metadata request may take before the broker counts as unreachable.
@@ -150,6 +154,15 @@ class Cluster:
     id: str | None
     #: Topic -> its partitions (topics the cluster reported without an error).
     topics: dict[str, list[int]]
+    #: The ids of the cluster's brokers.
+    brokers: tuple[int, ...] = ()
+
+    def same_as(self, other: Cluster) -> bool:
+        """Whether ``other`` is this cluster: the same cluster id (the same servers when
+        either cluster tells none), however its brokers are written."""
+        if self.id is not None and other.id is not None:
+            return self.id == other.id
+        return self.servers == other.servers
 
 
 def cluster(client_config: Mapping[str, Any], role: str) -> Cluster:
@@ -164,6 +177,7 @@ def cluster(client_config: Mapping[str, Any], role: str) -> Cluster:
             for name, topic in metadata.topics.items()
             if topic.error is None
         },
+        brokers=tuple(sorted(metadata.brokers)),
     )
 
 
@@ -211,3 +225,80 @@ def sink_partition_count(sink: Cluster, topic: str) -> int:
     if partitions is None:
         raise EnvironmentNotReady(f"sink topic {topic!r} does not exist on {sink.servers}")
     return len(partitions)
+
+
+def refuse_own_output(source: Cluster, sink: Cluster, kafka: KafkaSource, sink_topic: str) -> None:
+    """Refuse a sink topic that the source reads from the same cluster.
+
+    The pipeline would read its own output, each batch feeding the next.  The
+    clusters are compared by id, so the same cluster written with its brokers in
+    another order or by other host names is caught too.  A topic pattern is
+    matched with Python's ``re`` as :meth:`KafkaSource.reads` does (whole names,
+    internal topics never): no JVM runs yet to compile it as Spark does, and the
+    syntax the spec accepts means the same to both engines.
+    """
+    if not source.same_as(sink) or not kafka.reads(sink_topic):
+        return
+    field = (
+        f"spec.source.kafka.topics {kafka.topics}"
+        if kafka.topics is not None
+        else f"spec.source.kafka.topicPattern {kafka.topic_pattern!r}"
+    )
+    cluster = f"cluster id {source.id}" if source.id is not None else "the same servers"
+    raise ConfigError(
+        f"spec.sink.kafka.topic {sink_topic!r} is read by {field} on the same Kafka cluster "
+        f"({cluster}: source at {source.servers}, sink at {sink.servers}): the pipeline would "
+        "read its own output; write to a topic the source does not read"
+    )
+
+
+#: The broker setting that bounds every producer's transaction.timeout.ms.
+MAX_TRANSACTION_TIMEOUT = "transaction.max.timeout.ms"
+
+
+def refuse_long_transactions(
+    client_config: Mapping[str, Any], sink: Cluster, transaction_timeout: str
+) -> None:
+    """Refuse a ``spec.sink.kafka.transactionTimeout`` above a sink broker's maximum.
+
+    The broker refuses such a producer at its first transaction
+    (INVALID_TRANSACTION_TIMEOUT), after Spark has started; here it is one line
+    naming both numbers.  Each broker's ``transaction.max.timeout.ms`` is read in
+    its own request (librdkafka takes one broker resource per request), all at
+    once.  A broker that does not answer (no DESCRIBE_CONFIGS right) is skipped:
+    the producer reports the refusal then.
+    """
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.admin._config import ConfigResource
+    from confluent_kafka.admin._resource import ResourceType
+
+    def resource(broker: int) -> ConfigResource:
+        return ConfigResource(ResourceType.BROKER, str(broker))
+
+    timeout_ms = duration_ms(transaction_timeout)
+    admin = AdminClient({**EAGER_CONNECTIONS, **client_config, "log_level": 0})
+    requests = [
+        (broker, admin.describe_configs([resource(broker)], request_timeout=METADATA_TIMEOUT_S))
+        for broker in sink.brokers
+    ]
+    maxima: dict[int, int] = {}
+    for broker, futures in requests:
+        for future in futures.values():
+            try:
+                entry = future.result(timeout=METADATA_TIMEOUT_S).get(MAX_TRANSACTION_TIMEOUT)
+            except (KafkaException, TimeoutError):
+                continue
+            if entry is not None and entry.value:
+                maxima[broker] = int(entry.value)
+    if not maxima:
+        return
+    broker, maximum = min(maxima.items(), key=lambda item: item[1])
+    if timeout_ms > maximum:
+        raise ConfigError(
+            f"spec.sink.kafka.transactionTimeout {transaction_timeout} ({timeout_ms} ms) is "
+            f"above {MAX_TRANSACTION_TIMEOUT} {maximum} of broker {broker} of the sink cluster "
+            f"at {sink.servers}: the broker refuses every transaction; lower "
+            f"transactionTimeout to at most {maximum} ms, or raise {MAX_TRANSACTION_TIMEOUT} "
+            "on the brokers"
+        )

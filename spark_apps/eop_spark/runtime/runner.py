@@ -173,6 +173,8 @@ class PipelineRun:
         kafka = config.source.kafka
         source = preflight.cluster(source_conf, "source")
         sink = preflight.cluster(sink_conf, "sink")
+        preflight.refuse_own_output(source, sink, kafka, config.sink.kafka.topic)
+        preflight.refuse_long_transactions(sink_conf, sink, config.sink.kafka.transaction_timeout)
         partitions = preflight.source_partitions(source, kafka.topics, kafka.topic_pattern)
         preflight.sink_partition_count(sink, config.sink.kafka.topic)
         names = self.place_progress(source.id, sink.id, source_conf, sink_conf, partitions)
