@@ -9,7 +9,10 @@ every input's output exactly once, and G must equal the source end offsets
 Each test runs with the checkpoint on a volume (the work directory) and in object
 storage (``s3a://`` on the SeaweedFS test server, where a kill may also land in
 the middle of an upload of an offsets, commits or state file; the coordinated
-one with half the kills there).
+one with half the kills there). The partitioned one also runs with the volume on a
+broker of the older Kafka release users run (``field_broker``, Kafka 3.x: transaction
+protocol v1, where a producer keeps its epoch across transactions; Kafka 4 moves it
+on every commit).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import pytest
 
 from devenv.runners import ObjectStoreCheckpoints, Pipeline
+from tests.plugins.kafka import FIELD_KAFKA_VERSION, inter_broker_protocol
 from tests.spark_apps import chaos
 from tests.spark_apps.conftest import PipelineFactory
 
@@ -28,25 +32,39 @@ KILLS = 8
 PER_BATCH = 5_000
 
 
-@pytest.fixture(params=["volume", pytest.param("s3a", marks=pytest.mark.s3)])
+VOLUME = pytest.param("volume")
+S3A = pytest.param("s3a", marks=pytest.mark.s3)
+#: The volume again, the pipeline on the ``field_broker`` (Kafka 3.x).
+VOLUME_ON_FIELD_BROKER = pytest.param(
+    "volume", marks=pytest.mark.field_broker, id=f"volume-kafka-{FIELD_KAFKA_VERSION}"
+)
+
+
+@pytest.fixture
 def checkpoints(request: pytest.FixtureRequest) -> ObjectStoreCheckpoints | None:
-    """Where the chaos tests keep checkpoints: a directory (None), or a bucket."""
+    """Where the chaos tests keep checkpoints (the test's parameter): a directory (None), or
+    a bucket."""
     if request.param == "volume":
         return None
     store: ObjectStoreCheckpoints = request.getfixturevalue("s3_checkpoints")
     return store
 
 
+@pytest.mark.parametrize("checkpoints", [VOLUME, VOLUME_ON_FIELD_BROKER, S3A], indirect=True)
 def test_partitioned_filter_survives_kill_9(
-    make_pipeline: PipelineFactory, checkpoints: ObjectStoreCheckpoints | None
+    make_pipeline: PipelineFactory,
+    checkpoints: ObjectStoreCheckpoints | None,
+    request: pytest.FixtureRequest,
 ) -> None:
     pipeline = make_pipeline(object_store=checkpoints)
     chaos.partitioned_filter(
         pipeline, chaos.seeded(), records=RECORDS, kills=KILLS, per_batch=PER_BATCH
     )
     _assert_checkpointed_in(checkpoints, pipeline)
+    _assert_ran_on_the_release(pipeline, request)
 
 
+@pytest.mark.parametrize("checkpoints", [VOLUME, S3A], indirect=True)
 def test_coordinated_window_counts_survive_kill_9(
     make_pipeline: PipelineFactory, checkpoints: ObjectStoreCheckpoints | None
 ) -> None:
@@ -66,3 +84,16 @@ def _assert_checkpointed_in(checkpoints: ObjectStoreCheckpoints | None, pipeline
     keys = checkpoints.keys(pipeline.name)
     assert any(k.startswith("gen-0/commits/") for k in keys), keys[:20]
     assert not [k for k in keys if ".tmp" in k], "a temporary file was left in the bucket"
+
+
+def _assert_ran_on_the_release(pipeline: Pipeline, request: pytest.FixtureRequest) -> None:
+    """The pipeline's broker, asked over the admin API, runs the Kafka release the test is for:
+    :data:`FIELD_KAFKA_VERSION` when marked ``field_broker``, else 4.x (which reports no
+    inter-broker protocol)."""
+    reported = inter_broker_protocol(pipeline.broker)
+    if request.node.get_closest_marker("field_broker") is None:
+        assert reported is None, f"a Kafka 3.x broker ({reported}), not the session's 4.x"
+    else:
+        release = FIELD_KAFKA_VERSION.rsplit(".", 1)[0]  # 3.9.1 -> 3.9
+        assert reported is not None, f"not a Kafka {FIELD_KAFKA_VERSION} broker: a 4.x one"
+        assert reported.split("-")[0] == release, f"Kafka {reported}, not {FIELD_KAFKA_VERSION}"
