@@ -57,11 +57,11 @@ def test_partitioned_filter_survives_kill_9(
     request: pytest.FixtureRequest,
 ) -> None:
     pipeline = make_pipeline(object_store=checkpoints)
+    _assert_on_the_release(pipeline, request)
     chaos.partitioned_filter(
         pipeline, chaos.seeded(), records=RECORDS, kills=KILLS, per_batch=PER_BATCH
     )
     _assert_checkpointed_in(checkpoints, pipeline)
-    _assert_ran_on_the_release(pipeline, request)
 
 
 @pytest.mark.parametrize("checkpoints", [VOLUME, S3A], indirect=True)
@@ -86,7 +86,7 @@ def _assert_checkpointed_in(checkpoints: ObjectStoreCheckpoints | None, pipeline
     assert not [k for k in keys if ".tmp" in k], "a temporary file was left in the bucket"
 
 
-def _assert_ran_on_the_release(pipeline: Pipeline, request: pytest.FixtureRequest) -> None:
+def _assert_on_the_release(pipeline: Pipeline, request: pytest.FixtureRequest) -> None:
     """The pipeline's broker, asked over the admin API, runs the Kafka release the test is for:
     :data:`FIELD_KAFKA_VERSION` when marked ``field_broker``, else 4.x (which reports no
     inter-broker protocol)."""
