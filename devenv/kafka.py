@@ -487,15 +487,19 @@ class KafkaBroker(KafkaClients, Service):
         Kafka 4 logs with log4j2, Kafka 3 with log4j 1.x (reload4j): each reads its own
         file and system property.
         """
-        self.work_dir.mkdir(parents=True, exist_ok=True)
+        prefix = "tools-" if tool else ""
         if self.major_version < 4:
-            config = self.work_dir / f"{'tools-' if tool else ''}log4j.properties"
-            config.write_text(_LOG4J1_TOOLS if tool else _LOG4J1_BROKER)
+            config = self.work_dir / f"{prefix}log4j.properties"
+            text = _LOG4J1_TOOLS if tool else _LOG4J1_BROKER
             logging = f"-Dlog4j.configuration=file:{config}"
         else:
-            config = self.work_dir / f"{'tools-' if tool else ''}log4j2.properties"
-            config.write_text(_LOG4J2_TOOLS if tool else _LOG4J2_BROKER)
+            config = self.work_dir / f"{prefix}log4j2.properties"
+            text = _LOG4J2_TOOLS if tool else _LOG4J2_BROKER
             logging = f"-Dlog4j2.configurationFile={config}"
+        # Written once: a tool may run while another starts, and must not read a truncated file.
+        if not config.exists() or config.read_text() != text:
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+            config.write_text(text)
         return [
             "java",
             *QUICK_JVM_OPTIONS,

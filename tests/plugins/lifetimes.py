@@ -11,8 +11,8 @@
   rest (one broker, Spark, the object store) in the other. ``--lane NAME`` selects one.
 * **Release.** Once the last test of the run that uses one of :data:`COMPONENTS` (requests
   its fixture, or carries a marker of its name, as a parameter that runs on ``field_broker``
-  does) has finished, that fixture is torn down (the component stops) instead of idling until the
-  session ends and taking CPU from every test after it: an idle control plane or cluster
+  does) has finished, that fixture is torn down (the component stops) instead of idling until
+  the session ends and taking CPU from every test after it: an idle control plane or cluster
   of kubelets costs a 2-core machine a noticeable share. A test that asks for it again
   later (``request.getfixturevalue``) gets it started anew.
 """
