@@ -4,6 +4,10 @@
 #   kafka        $EOP_CACHE/kafka/$KAFKA_VERSION/libs/*.jar
 #                a KRaft broker (kafka_2.13), the CLI tools (kafka-tools: ProducerPerformance,
 #                ConsumerGroupCommand, ...) and a log4j2 backend, runnable as `java -cp 'libs/*' ...`
+#   kafka-field  $EOP_CACHE/kafka/$KAFKA_FIELD_VERSION/libs/*.jar
+#                the same of the older release the suite also runs a broker of; a 3.x release
+#                logs with log4j 1.x, so its backend is reload4j with the slf4j-1.7 binding, as
+#                Kafka 3's binary distribution ships
 #   spark        $EOP_CACHE/spark-kafka/$SPARK_VERSION/jars/*.jar
 #                org.apache.spark:spark-sql-kafka-0-10_2.13 at exactly $SPARK_VERSION (the
 #                pyspark version) and its runtime dependencies, among them the
@@ -17,10 +21,11 @@
 #                $SPARK_VERSION alone (its checkpoint file manager for object stores), minus what
 #                pyspark ships
 #
-# Usage: devenv/fetch-jars.sh [kafka|spark|s3a]...   (no argument: all). Prints the directories.
+# Usage: devenv/fetch-jars.sh [kafka|kafka-field|spark|s3a]...   (no argument: all). Prints the
+# directories, one per argument.
 #
-# Versions come from devenv/versions.env: KAFKA_VERSION, SCALA_BINARY_VERSION, SPARK_VERSION,
-# HADOOP_VERSION, AWS_SDK_VERSION. The connector is always Spark's own release: a Spark release
+# Versions come from devenv/versions.env: KAFKA_VERSION, KAFKA_FIELD_VERSION, SCALA_BINARY_VERSION,
+# SPARK_VERSION, HADOOP_VERSION, AWS_SDK_VERSION. The connector is always Spark's own release: a Spark release
 # whose connector is not on Maven Central is an error here, not a silent mix of releases.
 #
 # The cache root is ${EOP_CACHE:-~/.cache/eop}; Maven's local repository stays at its default
@@ -34,14 +39,18 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=versions.env
 source "$here/versions.env"
-: "${KAFKA_VERSION:?not set in versions.env}" "${SPARK_VERSION:?}" "${SCALA_BINARY_VERSION:?}"
+: "${KAFKA_VERSION:?not set in versions.env}" "${KAFKA_FIELD_VERSION:?}" "${SPARK_VERSION:?}"
+: "${SCALA_BINARY_VERSION:?}"
 : "${HADOOP_VERSION:?}" "${AWS_SDK_VERSION:?}"
 cache="${EOP_CACHE:-$HOME/.cache/eop}"
 
 # Not components of their own, only how they are fetched: the broker's logging backend (Kafka's
-# Maven poms leave it out, its binary distribution adds log4j2 with the slf4j-1.7 binding) and
-# the Maven plugin that copies the jars.
+# Maven poms leave it out; the binary distribution of 4.x adds log4j2 with the slf4j-1.7 binding,
+# that of 3.x reload4j, the log4j 1.x its broker configures, with slf4j's binding for it) and the
+# Maven plugin that copies the jars.
 LOG4J_VERSION=2.25.4
+RELOAD4J_VERSION=1.2.25
+SLF4J_RELOAD4J_VERSION=1.7.36
 DEPENDENCY_PLUGIN_VERSION=3.8.1
 
 log() { printf 'fetch-jars: %s\n' "$*" >&2; }
@@ -102,13 +111,20 @@ lock() {
   fi
 }
 
+# fetch_kafka VERSION: the broker and tools of that Kafka release, with its logging backend.
 fetch_kafka() {
-  local dest="$cache/kafka/$KAFKA_VERSION" pom stamp start
+  local version="$1" dest="$cache/kafka/$1" pom stamp start logging
+  if [[ "$version" == 3.* ]]; then
+    logging=("$(dep ch.qos.reload4j reload4j "$RELOAD4J_VERSION")"
+      "$(dep org.slf4j slf4j-reload4j "$SLF4J_RELOAD4J_VERSION")")
+  else
+    logging=("$(dep org.apache.logging.log4j log4j-core "$LOG4J_VERSION")"
+      "$(dep org.apache.logging.log4j log4j-slf4j-impl "$LOG4J_VERSION")")
+  fi
   pom="$(pom_xml kafka-libs \
-    "$(dep org.apache.kafka "kafka_${SCALA_BINARY_VERSION}" "$KAFKA_VERSION")" \
-    "$(dep org.apache.kafka kafka-tools "$KAFKA_VERSION")" \
-    "$(dep org.apache.logging.log4j log4j-core "$LOG4J_VERSION")" \
-    "$(dep org.apache.logging.log4j log4j-slf4j-impl "$LOG4J_VERSION")")"
+    "$(dep org.apache.kafka "kafka_${SCALA_BINARY_VERSION}" "$version")" \
+    "$(dep org.apache.kafka kafka-tools "$version")" \
+    "${logging[@]}")"
   stamp="$(digest <<<"$pom")"
   if [[ "$(cat "$dest/.complete" 2>/dev/null)" == "$stamp" ]]; then
     echo "$dest/libs"
@@ -117,12 +133,12 @@ fetch_kafka() {
   lock "$dest"
   if [[ "$(cat "$dest/.complete" 2>/dev/null)" != "$stamp" ]]; then
     start=$SECONDS
-    log "fetching Kafka $KAFKA_VERSION into $dest"
+    log "fetching Kafka $version into $dest"
     rm -f "$dest/.complete"
     printf '%s\n' "$pom" >"$dest/pom.xml"
     if ! copy_deps "$dest/pom.xml" "$dest/libs.partial" "$dest/mvn.log"; then
       tail -n 30 "$dest/mvn.log" >&2
-      log "fetching Kafka $KAFKA_VERSION failed; Maven's output: $dest/mvn.log"
+      log "fetching Kafka $version failed; Maven's output: $dest/mvn.log"
       exit 1
     fi
     rm -rf "$dest/libs"
@@ -270,14 +286,15 @@ fetch_s3a() {
 
 main() {
   local what=("$@")
-  [[ ${#what[@]} -gt 0 ]] || what=(kafka spark s3a)
+  [[ ${#what[@]} -gt 0 ]] || what=(kafka kafka-field spark s3a)
   for w in "${what[@]}"; do
     case "$w" in
-      kafka) fetch_kafka ;;
+      kafka) fetch_kafka "$KAFKA_VERSION" ;;
+      kafka-field) fetch_kafka "$KAFKA_FIELD_VERSION" ;;
       spark) fetch_spark ;;
       s3a) fetch_s3a ;;
       *)
-        echo "usage: $0 [kafka|spark|s3a]..." >&2
+        echo "usage: $0 [kafka|kafka-field|spark|s3a]..." >&2
         exit 2
         ;;
     esac

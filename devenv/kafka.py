@@ -1,9 +1,11 @@
 """A real single-node Kafka broker (KRaft, combined broker+controller) for tests and humans.
 
 The jars come from Maven Central via ``devenv/fetch-jars.sh`` (cached under
-``$EOP_CACHE/kafka/<KAFKA_VERSION>/libs``). The broker binds 127.0.0.1 only, on free ports, and
-is configured so that transactions work on a single node (replication factor 1 for the internal
-topics, ``transaction.state.log.min.isr=1``). Topics are never auto-created.
+``$EOP_CACHE/kafka/<version>/libs``): ``KAFKA_VERSION`` of devenv/versions.env, or
+``KAFKA_FIELD_VERSION``, the 3.x release users still run (``KafkaBroker(version=...)``). The
+broker binds 127.0.0.1 only, on free ports, and is configured so that transactions work on a
+single node (replication factor 1 for the internal topics, ``transaction.state.log.min.isr=1``).
+Topics are never auto-created.
 
 Usage::
 
@@ -13,7 +15,8 @@ Usage::
 
 For a shell: ``python -m devenv.kafka up --dir /tmp/kafka`` prints the bootstrap servers and
 runs until SIGINT/SIGTERM (``--tls``: TLS and mutual TLS listeners too, see devenv/certs.py;
-``--brokers 3``: a replicated cluster, see devenv/kafka_cluster.py).
+``--brokers 3``: a replicated cluster, see devenv/kafka_cluster.py; ``--kafka 3.9.1``: a broker
+of ``KAFKA_FIELD_VERSION``).
 """
 
 from __future__ import annotations
@@ -79,6 +82,28 @@ appender.err.layout.pattern = [%d] %p %m (%c)%n
 rootLogger.level = WARN
 rootLogger.appenderRef.err.ref = ERR
 """
+# The same for Kafka 3.x, which configures log4j 1.x (reload4j) and ignores log4j2 files.
+_LOG4J1_BROKER = """\
+log4j.rootLogger=INFO, out
+log4j.appender.out=org.apache.log4j.ConsoleAppender
+log4j.appender.out.layout=org.apache.log4j.PatternLayout
+log4j.appender.out.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.state.change.logger=WARN
+log4j.logger.kafka.request.logger=WARN
+"""
+_LOG4J1_TOOLS = """\
+log4j.rootLogger=WARN, err
+log4j.appender.err=org.apache.log4j.ConsoleAppender
+log4j.appender.err.Target=System.err
+log4j.appender.err.layout=org.apache.log4j.PatternLayout
+log4j.appender.err.layout.ConversionPattern=[%d] %p %m (%c)%n
+"""
+#: ``server.properties`` entries that Kafka 3.x does not know (share groups came with 4.0): a
+#: 3.x broker is started without them instead of logging each as an unknown setting.
+_SINCE_KAFKA_4 = (
+    "share.coordinator.state.topic.replication.factor",
+    "share.coordinator.state.topic.min.isr",
+)
 
 
 class KafkaBrokerError(RuntimeError):
@@ -104,9 +129,25 @@ def _fetch(what: str) -> Path:
     return Path(lines[-1])
 
 
-def kafka_libs() -> Path:
-    """Return the directory of the Kafka broker and tools jars, fetching them if needed."""
-    return _fetch("kafka")
+def kafka_libs(version: str | None = None) -> Path:
+    """Return the directory of the broker and tools jars of Kafka ``version``, fetching them if
+    needed.
+
+    ``version``: ``KAFKA_VERSION`` (the default) or ``KAFKA_FIELD_VERSION`` of
+    devenv/versions.env; any other raises :class:`KafkaBrokerError`.
+    """
+    pinned = versions()
+    fetch = {pinned["KAFKA_VERSION"]: "kafka", pinned["KAFKA_FIELD_VERSION"]: "kafka-field"}
+    chosen = version or pinned["KAFKA_VERSION"]
+    if chosen not in fetch:
+        raise KafkaBrokerError(
+            f"Kafka {chosen} is not pinned in devenv/versions.env: the releases there are "
+            f"{' and '.join(fetch)} (KAFKA_VERSION, KAFKA_FIELD_VERSION)"
+        )
+    libs = _fetch(fetch[chosen])
+    if libs.parent.name != chosen:  # the script and versions.env disagree: never run another
+        raise KafkaBrokerError(f"{FETCH_SCRIPT.name} {fetch[chosen]} gave {libs}, not {chosen}")
+    return libs
 
 
 def spark_kafka_jars() -> list[Path]:
@@ -211,8 +252,12 @@ class KafkaBroker(KafkaClients, Service):
         tls_certs: Path | str | None = None,
         cluster_address: str | None = None,
         port: int | None = None,
+        version: str | None = None,
     ) -> None:
         """Describe a broker; nothing runs until :meth:`start`.
+
+        ``version``: the Kafka release it runs, ``KAFKA_VERSION`` of devenv/versions.env by
+        default, or ``KAFKA_FIELD_VERSION`` (see :func:`kafka_libs`).
 
         ``port``: the PLAINTEXT listener's port (default: a free one), e.g. Kafka's
         usual 9092 for the laptop quick start; the other listeners take free ones.
@@ -233,6 +278,7 @@ class KafkaBroker(KafkaClients, Service):
         they get back names an address they can reach. Host clients keep the other listeners.
         """
         self.work_dir = Path(work_dir).resolve()
+        self.version = version or versions()["KAFKA_VERSION"]
         self.heap = heap
         self.overrides = dict(overrides or {})
         self.sasl_plain_users = dict(sasl_plain_users or {})
@@ -310,10 +356,15 @@ class KafkaBroker(KafkaClients, Service):
 
     @property
     def libs(self) -> Path:
-        """The directory of Kafka jars (fetched on first use)."""
+        """The directory of the jars of Kafka :attr:`version` (fetched on first use)."""
         if self._libs is None:
-            self._libs = kafka_libs()
+            self._libs = kafka_libs(self.version)
         return self._libs
+
+    @property
+    def major_version(self) -> int:
+        """The major version of the Kafka release it runs: 3 or 4."""
+        return int(self.version.split(".", 1)[0])
 
     @property
     def running(self) -> bool:
@@ -364,6 +415,9 @@ class KafkaBroker(KafkaClients, Service):
         if self._cluster_port is not None:
             props.update(self._cluster_properties(props))
         props.update(self.overrides)
+        if self.major_version < 4:
+            for key in _SINCE_KAFKA_4:
+                props.pop(key, None)
         return props
 
     def _quorum_properties(self) -> dict[str, str]:
@@ -427,13 +481,31 @@ class KafkaBroker(KafkaClients, Service):
             ),
         }
 
-    def _java(self, heap: str, log4j2: Path, main_class: str, *args: str) -> list[str]:
+    def _java(self, heap: str, *, tool: bool, main_class: str, args: Sequence[str]) -> list[str]:
+        """The command of a broker (or a ``tool``'s) JVM, its logging configuration written.
+
+        Kafka 4 logs with log4j2, Kafka 3 with log4j 1.x (reload4j): each reads its own
+        file and system property.
+        """
+        prefix = "tools-" if tool else ""
+        if self.major_version < 4:
+            config = self.work_dir / f"{prefix}log4j.properties"
+            text = _LOG4J1_TOOLS if tool else _LOG4J1_BROKER
+            logging = f"-Dlog4j.configuration=file:{config}"
+        else:
+            config = self.work_dir / f"{prefix}log4j2.properties"
+            text = _LOG4J2_TOOLS if tool else _LOG4J2_BROKER
+            logging = f"-Dlog4j2.configurationFile={config}"
+        # Written once: a tool may run while another starts, and must not read a truncated file.
+        if not config.exists() or config.read_text() != text:
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+            config.write_text(text)
         return [
             "java",
             *QUICK_JVM_OPTIONS,
             f"-Xmx{heap}",
             "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={log4j2}",
+            logging,
             "-cp",
             f"{self.libs}/*",
             main_class,
@@ -442,11 +514,7 @@ class KafkaBroker(KafkaClients, Service):
 
     def _tool_java(self, main_class: str, *args: str) -> list[str]:
         """A short-lived tool JVM: small heap, warnings only on stderr."""
-        log4j2 = self.work_dir / "tools-log4j2.properties"
-        if not log4j2.exists():
-            self.work_dir.mkdir(parents=True, exist_ok=True)
-            log4j2.write_text(_LOG4J2_TOOLS)
-        return self._java("512m", log4j2, main_class, *args)
+        return self._java("512m", tool=True, main_class=main_class, args=args)
 
     def _write_configs(self) -> Path:
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -460,8 +528,6 @@ class KafkaBroker(KafkaClients, Service):
         self._ports_file().write_text(" ".join(str(p) for p in ports if p is not None) + "\n")
         props = self.work_dir / "server.properties"
         props.write_text("".join(f"{k}={v}\n" for k, v in self._server_properties().items()))
-        (self.work_dir / "log4j2.properties").write_text(_LOG4J2_BROKER)
-        (self.work_dir / "tools-log4j2.properties").write_text(_LOG4J2_TOOLS)
         return props
 
     def _format(self, props: Path) -> None:
@@ -559,9 +625,7 @@ class KafkaBroker(KafkaClients, Service):
             log.write(f"\n==== eop: {banner}\n".encode())
             log.flush()
             return subprocess.Popen(
-                self._java(
-                    self.heap, self.work_dir / "log4j2.properties", "kafka.Kafka", str(props)
-                ),
+                self._java(self.heap, tool=False, main_class="kafka.Kafka", args=[str(props)]),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -856,6 +920,13 @@ def _up(argv: Sequence[str]) -> int:
         help="also listen with TLS and mutual TLS (certificates made in DIR/certs)",
     )
     up.add_argument("--port", type=int, help="the PLAINTEXT listener's port (default: a free one)")
+    pinned = versions()
+    up.add_argument(
+        "--kafka",
+        choices=[pinned["KAFKA_VERSION"], pinned["KAFKA_FIELD_VERSION"]],
+        default=pinned["KAFKA_VERSION"],
+        help="the Kafka release of a single broker (default: %(default)s)",
+    )
     up.add_argument(
         "--topics",
         type=_topic_list,
@@ -873,13 +944,15 @@ def _up(argv: Sequence[str]) -> int:
         return 0
 
     if args.brokers > 1:
-        if args.tls or args.port is not None:
-            parser.error("--tls and --port are for one broker only")
+        if args.tls or args.port is not None or args.kafka != pinned["KAFKA_VERSION"]:
+            parser.error("--tls, --port and --kafka are for one broker only")
         return _serve_cluster(args)
     stop = stop_on_signals()
     started = time.monotonic()
     certs = make_certs(args.dir / "certs").directory if args.tls else None
-    broker = KafkaBroker(args.dir, heap=args.heap, tls_certs=certs, port=args.port).start()
+    broker = KafkaBroker(
+        args.dir, heap=args.heap, tls_certs=certs, port=args.port, version=args.kafka
+    ).start()
     try:
         for name, partitions in args.topics:
             broker.create_topic(name, partitions, exist_ok=True)
@@ -890,7 +963,7 @@ def _up(argv: Sequence[str]) -> int:
             else ""
         )
         print(
-            f"Kafka {versions()['KAFKA_VERSION']} up in {time.monotonic() - started:.1f}s\n"
+            f"Kafka {broker.version} up in {time.monotonic() - started:.1f}s\n"
             f"bootstrap servers: {broker.bootstrap_servers}\n{tls}{_topics_line(args.topics)}"
             f"log: {broker.log_path}\n"
             "Ctrl-C to stop.",

@@ -62,6 +62,58 @@ def test_a_component_stops_after_its_last_user_and_its_users_run_together(
     result.assert_outcomes(passed=5)
 
 
+_MARKED_COMPONENT = """
+import pytest
+
+events = []
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "field_broker: on the Kafka 3.x broker")
+
+@pytest.fixture(scope="session")
+def field_broker():
+    events.append("field broker up")
+    yield "broker"
+    events.append("field broker down")
+
+@pytest.fixture
+def pipeline(request):
+    if request.node.get_closest_marker("field_broker"):
+        return request.getfixturevalue("field_broker")
+    return "session broker"
+"""
+
+
+def test_a_component_a_parameter_gets_by_marker_is_a_broker_and_stops_after_it(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(_MARKED_COMPONENT)
+    pytester.makepyfile(
+        test_a="""
+        import pytest
+        from conftest import events
+        @pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.field_broker)])
+        def test_chaos(n, pipeline):
+            events.append(f"chaos {n} on {pipeline}")
+        def test_the_record():
+            assert events == [
+                "needs nothing",
+                "chaos 1 on session broker",
+                "field broker up",
+                "chaos 2 on broker",
+                "field broker down",
+            ], events
+        """,
+        test_b="""
+        from conftest import events
+        def test_needs_nothing():
+            events.append("needs nothing")
+        """,
+    )
+    result = pytester.runpytest("-p", "tests.plugins.lifetimes", "-p", "no:cacheprovider", "-v")
+    result.assert_outcomes(passed=4)
+
+
 def test_the_clock_fails_a_run_past_its_ceiling(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -239,3 +239,12 @@ def test_cluster_listener_advertises_the_gateway_and_host_clients_keep_loopback(
     assert advertised(f"127.0.0.1:{port}") == {(GATEWAY, port)}
     assert kafka_broker.cluster_bootstrap_servers == f"{GATEWAY}:{port}"
     assert advertised(kafka_broker.bootstrap_servers) == {("127.0.0.1", kafka_broker.port)}
+
+
+def test_a_kafka_release_that_is_not_pinned_is_refused_before_anything_runs(
+    tmp_path: Path,
+) -> None:
+    broker = KafkaBroker(tmp_path / "kafka", version="2.8.2")
+    with pytest.raises(KafkaBrokerError, match=r"Kafka 2\.8\.2 is not pinned.*KAFKA_FIELD_VERSION"):
+        broker.start()
+    assert not broker.running and not (tmp_path / "kafka" / "data").exists()

@@ -29,10 +29,15 @@ Fixtures:
   whose source and sink are different clusters. Its PLAINTEXT clients are super users; its
   SASL/PLAIN listener admits one user (``sasl_plain_users``) whom ACLs can limit (the
   ``StandardAuthorizer``, everything allowed where no ACL says otherwise).
+* ``field_broker`` (session, stopped after its last user): a broker of the older Kafka release
+  users run, ``KAFKA_FIELD_VERSION`` of devenv/versions.env (:data:`FIELD_KAFKA_VERSION`, 3.x:
+  transaction protocol v1), set up as ``kafka_broker`` but with a PLAINTEXT listener only. A
+  test (or one parameter of it) marked ``field_broker`` gets it too, and ``make_pipeline`` puts
+  its pipelines there (tests/spark_apps/conftest.py).
 
 Nothing is fetched or started unless a test requests one of them. Tests using them should be
-marked ``@pytest.mark.kafka`` (tests that request ``kafka_broker`` or ``kafka_cluster`` get the
-mark automatically, so ``-m "not kafka"`` deselects them).
+marked ``@pytest.mark.kafka`` (tests that request ``kafka_broker``, ``kafka_cluster`` or
+``field_broker`` get the mark automatically, so ``-m "not kafka"`` deselects them).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from devenv.certs import Certs, make_certs
 from devenv.kafka import CONSUMER_GROUPS_TOOL, KafkaBroker, KafkaClients
 from devenv.kafka_cluster import KafkaCluster
 from devenv.podnet import GATEWAY
+from devenv.versions import versions
 
 
 class TopicFactory(Protocol):
@@ -70,12 +76,17 @@ SHORT_RETENTION_S = 60
 #: ``kafka_cluster``'s ``offsets.retention.minutes`` by node: not Kafka's default (7 days),
 #: and one node's smaller than the others' (the one a keep-alive must go by).
 CLUSTER_RETENTION_MINUTES = {1: 2880, 2: 1440, 3: 2880}
+#: The Kafka release of ``field_broker``.
+FIELD_KAFKA_VERSION = versions()["KAFKA_FIELD_VERSION"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses the broker ``kafka``."""
+    """Mark every test that uses a broker ``kafka``."""
     for item in items:
-        if {"kafka_broker", "kafka_cluster"} & set(getattr(item, "fixturenames", ())):
+        brokers = {"kafka_broker", "kafka_cluster", "field_broker"}
+        if brokers & set(getattr(item, "fixturenames", ())) or item.get_closest_marker(
+            "field_broker"
+        ):
             item.add_marker(pytest.mark.kafka)
 
 
@@ -172,6 +183,30 @@ def short_retention_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator
     }
     with KafkaBroker(tmp_path_factory.mktemp("retention"), overrides=overrides) as broker:
         yield broker
+
+
+@pytest.fixture(scope="session")
+def field_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A broker of :data:`FIELD_KAFKA_VERSION` (Kafka 3.x), shared by its users in the session."""
+    with KafkaBroker(tmp_path_factory.mktemp("kafka-field"), version=FIELD_KAFKA_VERSION) as broker:
+        yield broker
+
+
+def inter_broker_protocol(cluster: KafkaClients) -> str | None:
+    """The ``inter.broker.protocol.version`` a broker of ``cluster`` reports over the admin API.
+
+    A Kafka 3.x broker reports its release's protocol (``3.9-IV0`` for 3.9.x); Kafka 4 removed
+    the setting, so a 4.x broker reports none (``None``).
+    """
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+    admin = AdminClient(cluster.client_config({"log_level": 3}))
+    broker = min(admin.list_topics(timeout=30).brokers)
+    resource = ConfigResource(ResourceType.BROKER, str(broker))
+    entry = (
+        admin.describe_configs([resource])[resource].result(30).get("inter.broker.protocol.version")
+    )
+    return None if entry is None else str(entry.value)
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,10 @@
   pytest processes side by side, each with components of its own (:func:`lane_of`): the
   tests that need a control plane, a local cluster or the replicated Kafka cluster in one, the
   rest (one broker, Spark, the object store) in the other. ``--lane NAME`` selects one.
-* **Release.** Once the last test of the run that uses one of :data:`COMPONENTS` has
-  finished, that fixture is torn down (the component stops) instead of idling until the
-  session ends and taking CPU from every test after it: an idle control plane or cluster
+* **Release.** Once the last test of the run that uses one of :data:`COMPONENTS` (requests
+  its fixture, or carries a marker of its name, as a parameter that runs on ``field_broker``
+  does) has finished, that fixture is torn down (the component stops) instead of idling until
+  the session ends and taking CPU from every test after it: an idle control plane or cluster
   of kubelets costs a 2-core machine a noticeable share. A test that asks for it again
   later (``request.getfixturevalue``) gets it started anew.
 """
@@ -29,6 +30,7 @@ COMPONENTS = (
     "control_plane",
     "short_retention_broker",
     "other_cluster_broker",
+    "field_broker",
     "kafka_cluster",
     "s3_server",
 )
@@ -38,16 +40,29 @@ COMPONENTS = (
 _LAST_USE = pytest.StashKey[dict[str, str]]()
 
 
+def uses(item: pytest.Item) -> set[str]:
+    """The fixtures a test requests, and the components it gets by a marker of their name
+    (a test parameter marked ``field_broker`` runs on that broker, see make_pipeline)."""
+    markers = {m.name for m in item.iter_markers()}
+    return set(getattr(item, "fixturenames", ())) | (markers & set(COMPONENTS))
+
+
 def stage_of(item: pytest.Item) -> int:
     """The stage a test runs in, from the fixtures it uses and its tier markers (see the
     module docstring)."""
-    fixtures = set(getattr(item, "fixturenames", ()))
+    fixtures = uses(item)
     markers = {m.name for m in item.iter_markers()}
     if {"nodes_cluster", "nodes_e2e", "_nodes_cluster_session"} & fixtures or "nodes" in markers:
         return 5
     if "local_cluster" in fixtures or "e2e" in markers:
         return 4
-    brokers = {"kafka_broker", "short_retention_broker", "other_cluster_broker", "kafka_cluster"}
+    brokers = {
+        "kafka_broker",
+        "short_retention_broker",
+        "other_cluster_broker",
+        "field_broker",
+        "kafka_cluster",
+    }
     kafka = brokers & fixtures
     if "control_plane" in fixtures or "kube" in markers:
         return 2 if kafka else 1
@@ -95,7 +110,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     last_use = config.stash[_LAST_USE] = {}
     for item in items:
         for name in COMPONENTS:
-            if name in getattr(item, "fixturenames", ()):
+            if name in uses(item):
                 last_use[name] = item.nodeid
 
 
@@ -110,7 +125,11 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         if last != item.nodeid:
             continue
         del last_use[name]
-        definitions = item._fixtureinfo.name2fixturedefs.get(name)  # type: ignore[attr-defined]
+        # A component a marker asked for was requested at run time (getfixturevalue): not in
+        # the test's own closure, the session knows its definition.
+        definitions = item._fixtureinfo.name2fixturedefs.get(  # type: ignore[attr-defined]
+            name
+        ) or item.session._fixturemanager.getfixturedefs(name, item)
         if definitions:
             definitions[-1].finish(item._request)  # type: ignore[attr-defined]
     return result

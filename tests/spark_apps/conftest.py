@@ -49,13 +49,28 @@ def make_pipeline(
     kafka_topic_factory: TopicFactory,
     spark_jars: list[Path],
     tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> Iterator[PipelineFactory]:
     """``make_pipeline(source_partitions=4, sink_partitions=4)``: fresh topics and work dir.
 
     ``object_store=``: checkpoints in that bucket instead of the work dir.
     ``sink_broker=``: the sink topic (and G) on that broker, another Kafka cluster.
+    A test (or a parameter of it) marked ``field_broker`` gets its pipelines on the
+    ``field_broker`` (Kafka 3.x) instead of the session broker.
     """
     made: list[Pipeline] = []
+    broker = (
+        request.getfixturevalue("field_broker")
+        if request.node.get_closest_marker("field_broker")
+        else kafka_broker
+    )
+
+    def topic(on: KafkaBroker, partitions: int, prefix: str) -> str:
+        if on is kafka_broker:
+            return kafka_topic_factory(partitions, prefix=prefix)
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        on.create_topic(name, partitions)
+        return name
 
     def make(
         source_partitions: int = 4,
@@ -64,16 +79,11 @@ def make_pipeline(
         object_store: ObjectStoreCheckpoints | None = None,
         sink_broker: KafkaBroker | None = None,
     ) -> Pipeline:
-        if sink_broker is None:
-            sink_topic = kafka_topic_factory(sink_partitions, prefix="out")
-        else:  # another Kafka cluster
-            sink_topic = f"out-{uuid.uuid4().hex[:8]}"
-            sink_broker.create_topic(sink_topic, sink_partitions)
         pipeline = Pipeline(
-            broker=kafka_broker,
+            broker=broker,
             work=tmp_path / f"pipeline-{len(made)}",
-            source_topic=kafka_topic_factory(source_partitions, prefix="in"),
-            sink_topic=sink_topic,
+            source_topic=topic(broker, source_partitions, "in"),
+            sink_topic=topic(sink_broker or broker, sink_partitions, "out"),
             object_store=object_store,
             sink_broker=sink_broker,
         )

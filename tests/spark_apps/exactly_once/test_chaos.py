@@ -9,7 +9,10 @@ every input's output exactly once, and G must equal the source end offsets
 Each test runs with the checkpoint on a volume (the work directory) and in object
 storage (``s3a://`` on the SeaweedFS test server, where a kill may also land in
 the middle of an upload of an offsets, commits or state file; the coordinated
-one with half the kills there).
+one with half the kills there). Both also run with the volume on a broker of the
+older Kafka release users run (``field_broker``, Kafka 3.x, transaction protocol
+v1 only: docs/exactly-once.md, "Kafka versions"); those two runs are adjacent, so
+that broker runs only while they do.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import pytest
 
 from devenv.runners import ObjectStoreCheckpoints, Pipeline
+from tests.plugins.kafka import FIELD_KAFKA_VERSION, inter_broker_protocol
 from tests.spark_apps import chaos
 from tests.spark_apps.conftest import PipelineFactory
 
@@ -28,33 +32,51 @@ KILLS = 8
 PER_BATCH = 5_000
 
 
-@pytest.fixture(params=["volume", pytest.param("s3a", marks=pytest.mark.s3)])
+VOLUME = pytest.param("volume")
+S3A = pytest.param("s3a", marks=pytest.mark.s3)
+#: The volume again, the pipeline on the ``field_broker`` (Kafka 3.x).
+VOLUME_ON_FIELD_BROKER = pytest.param(
+    "volume", marks=pytest.mark.field_broker, id=f"volume-kafka-{FIELD_KAFKA_VERSION}"
+)
+
+
+@pytest.fixture
 def checkpoints(request: pytest.FixtureRequest) -> ObjectStoreCheckpoints | None:
-    """Where the chaos tests keep checkpoints: a directory (None), or a bucket."""
+    """Where the chaos tests keep checkpoints (the test's parameter): a directory (None), or
+    a bucket."""
     if request.param == "volume":
         return None
     store: ObjectStoreCheckpoints = request.getfixturevalue("s3_checkpoints")
     return store
 
 
+@pytest.mark.parametrize("checkpoints", [VOLUME, S3A, VOLUME_ON_FIELD_BROKER], indirect=True)
 def test_partitioned_filter_survives_kill_9(
-    make_pipeline: PipelineFactory, checkpoints: ObjectStoreCheckpoints | None
+    make_pipeline: PipelineFactory,
+    checkpoints: ObjectStoreCheckpoints | None,
+    request: pytest.FixtureRequest,
 ) -> None:
     pipeline = make_pipeline(object_store=checkpoints)
+    _assert_on_the_release(pipeline, request)
     chaos.partitioned_filter(
         pipeline, chaos.seeded(), records=RECORDS, kills=KILLS, per_batch=PER_BATCH
     )
     _assert_checkpointed_in(checkpoints, pipeline)
 
 
+@pytest.mark.parametrize("checkpoints", [VOLUME_ON_FIELD_BROKER, VOLUME, S3A], indirect=True)
 def test_coordinated_window_counts_survive_kill_9(
-    make_pipeline: PipelineFactory, checkpoints: ObjectStoreCheckpoints | None
+    make_pipeline: PipelineFactory,
+    checkpoints: ObjectStoreCheckpoints | None,
+    request: pytest.FixtureRequest,
 ) -> None:
     pipeline = make_pipeline(object_store=checkpoints)
+    _assert_on_the_release(pipeline, request)
     # In a bucket, half the kills: the partitioned test takes the full count there, and a
     # stateful query's restarts read and write its state in the store (~11 min with 8 kills
-    # on 2 busy cores).
-    kills = KILLS if checkpoints is None else KILLS // 2
+    # on 2 busy cores). On the Kafka 3 broker too (8 kills: 4.3 min; the broker is what that
+    # run is for, and the partitioned one takes the full count there).
+    kills = KILLS if checkpoints is None and not _on_field_broker(request) else KILLS // 2
     chaos.window_counts(pipeline, chaos.seeded(), records=RECORDS, kills=kills, per_batch=PER_BATCH)
     _assert_checkpointed_in(checkpoints, pipeline)
 
@@ -66,3 +88,21 @@ def _assert_checkpointed_in(checkpoints: ObjectStoreCheckpoints | None, pipeline
     keys = checkpoints.keys(pipeline.name)
     assert any(k.startswith("gen-0/commits/") for k in keys), keys[:20]
     assert not [k for k in keys if ".tmp" in k], "a temporary file was left in the bucket"
+
+
+def _assert_on_the_release(pipeline: Pipeline, request: pytest.FixtureRequest) -> None:
+    """The pipeline's broker, asked over the admin API, runs the Kafka release the test is for:
+    :data:`FIELD_KAFKA_VERSION` when marked ``field_broker``, else 4.x (which reports no
+    inter-broker protocol)."""
+    reported = inter_broker_protocol(pipeline.broker)
+    if not _on_field_broker(request):
+        assert reported is None, f"a Kafka 3.x broker ({reported}), not the session's 4.x"
+    else:
+        release = FIELD_KAFKA_VERSION.rsplit(".", 1)[0]  # 3.9.1 -> 3.9
+        assert reported is not None, f"not a Kafka {FIELD_KAFKA_VERSION} broker: a 4.x one"
+        assert reported.split("-")[0] == release, f"Kafka {reported}, not {FIELD_KAFKA_VERSION}"
+
+
+def _on_field_broker(request: pytest.FixtureRequest) -> bool:
+    """Whether the test's pipelines run on the ``field_broker`` (the parameter's marker)."""
+    return request.node.get_closest_marker("field_broker") is not None
