@@ -2,10 +2,10 @@
 
 Each lane (:data:`tests.plugins.lifetimes.LANES`, chosen per test module by
 :func:`~tests.plugins.lifetimes.lane_of`) is a pytest process of its own with its own
-components: one runs the tests of the control plane, the local clusters and the replicated
-Kafka cluster, the other those of one broker, Spark and the object store. Much of a test's
-time is spent waiting (on a pod to start, a broker to elect, a timeout to pass), so on 2
-cores the two lanes together take far less than one after the other.
+components: one runs the tests of the control plane, the local clusters and the second Kafka
+clusters, the other those of one broker, Spark and the object store. A test's JVMs and
+components leave some of 2 cores idle while it waits (on a pod to start, a coordinator to
+move, a timeout to pass), so the two lanes together take far less than one after the other.
 
 Each lane's output goes to ``.eop/suite/<lane>.log``, and to the terminal line by line with
 the lane's name in front; each lane's own summary (failures, its suite clock) is printed

@@ -7,7 +7,7 @@
   need no component report first, and every component's users run one after the other.
 * **Lanes.** ``python -m tests.lanes`` (what ``make test`` runs) runs the suite as two
   pytest processes side by side, each with components of its own (:func:`lane_of`): the
-  tests that need a control plane, a local cluster or the replicated Kafka cluster in one, the
+  tests that need a control plane, a local cluster or a second Kafka cluster in one, the
   rest (one broker, Spark, the object store) in the other. ``--lane NAME`` selects one.
 * **Release.** Once the last test of the run that uses one of :data:`COMPONENTS` (requests
   its fixture, or carries a marker of its name, as a parameter that runs on ``field_broker``
@@ -73,15 +73,19 @@ def stage_of(item: pytest.Item) -> int:
 
 #: The lanes, in the order ``python -m tests.lanes`` starts them.
 LANES = ("cluster", "data")
+#: The Kafka clusters beside the session's broker whose users run in the ``cluster`` lane:
+#: the replicated cluster, and the other cluster of the cross-cluster tests (which the
+#: control plane's health tests use too), so each starts in one lane only.
+SECOND_CLUSTERS = frozenset({"kafka_cluster", "kafka_cluster_chaos", "other_cluster_broker"})
 
 
 def lane_of(module: list[pytest.Item]) -> str:
     """The lane a test module runs in: ``cluster`` for the control plane's and the local
-    clusters' stages and the replicated Kafka cluster's users, ``data`` for the rest. The two
+    clusters' stages and the users of :data:`SECOND_CLUSTERS`, ``data`` for the rest. The two
     take about as long; a test module stays in one lane, for its module-scoped fixtures."""
     fixtures = {name for item in module for name in getattr(item, "fixturenames", ())}
     stage = max(stage_of(item) for item in module)
-    if stage in (1, 2, 4, 5) or {"kafka_cluster", "kafka_cluster_chaos"} & fixtures:
+    if stage in (1, 2, 4, 5) or SECOND_CLUSTERS & fixtures:
         return "cluster"
     return "data"
 
