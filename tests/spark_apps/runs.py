@@ -6,13 +6,51 @@ the benchmark).
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from devenv.runners import Pipeline, Runner
+from devenv.runners import Pipeline, Runner, produce
+
+
+class Input:
+    """A scenario's input, produced as its runners consume it: only as much as the kills need.
+
+    :meth:`top_up` keeps :data:`BATCHES_AHEAD` batches of ``per_batch`` records beyond G
+    on the source topic. :func:`kill_repeatedly` tops up before each runner, and a runner
+    never lives past :data:`BATCHES_PER_KILL` batches, so none runs out of input however
+    fast the machine is (one that did would wait for a batch forever), and the last runner
+    has at most those batches left to do.
+    """
+
+    def __init__(
+        self, pipeline: Pipeline, records: Iterator[tuple[str, str, int]], per_batch: int
+    ) -> None:
+        self.pipeline = pipeline
+        self.per_batch = per_batch
+        self._records = records
+        #: Every record produced, in order.
+        self.produced: list[tuple[str, str, int]] = []
+
+    def backlog(self) -> int:
+        """Records on the source topic beyond G."""
+        end = self.pipeline.end_offsets()
+        done = self.pipeline.progress()
+        return sum(offset - done.get(tp, 0) for tp, offset in end.items())
+
+    def top_up(self) -> None:
+        """Produce records until :data:`BATCHES_AHEAD` batches lie beyond G."""
+        missing = BATCHES_AHEAD * self.per_batch - self.backlog()
+        if missing > 0:
+            self.add(list(itertools.islice(self._records, missing)))
+
+    def add(self, records: list[tuple[str, str, int]]) -> None:
+        """Produce ``records`` (after every record produced before them)."""
+        produce(self.pipeline.broker, self.pipeline.source_topic, records)
+        self.produced.extend(records)
 
 
 def kill_repeatedly(
@@ -20,6 +58,7 @@ def kill_repeatedly(
     config: Mapping[str, Any],
     kills: int,
     rng: random.Random,
+    source: Input,
     *,
     generation: Callable[[int], int | None] = lambda _: None,
 ) -> list[Runner]:
@@ -27,14 +66,12 @@ def kill_repeatedly(
 
     Most kills land 0-2.5 s after a batch was logged, i.e. while the next
     batch is reading, producing or committing; every third lands at a random
-    time after start (planning, recovery, taking over the ids).  A runner
-    never lives past :data:`BATCHES_PER_KILL` batches, so the input lasts for
-    every kill however fast the machine is (a runner that found no input left
-    would wait for a batch forever): tests give the input at least
-    ``kills * BATCHES_PER_KILL + 1`` batches.
+    time after start (planning, recovery, taking over the ids).  ``source`` is
+    topped up before each start (:class:`Input`).
     """
     runners = []
     for round_ in range(kills):
+        source.top_up()
         runner = pipeline.start(config, generation=generation(round_))
         runners.append(runner)
         if round_ % 3 == 2:
@@ -49,6 +86,8 @@ def kill_repeatedly(
 
 #: The most batches a runner logs before :func:`kill_repeatedly` kills it.
 BATCHES_PER_KILL = 3
+#: Batches of input :meth:`Input.top_up` keeps beyond G: more than a runner may take.
+BATCHES_AHEAD = BATCHES_PER_KILL + 2
 
 
 def _live_until(runner: Runner, deadline: float, batches: int) -> None:

@@ -1,10 +1,10 @@
 """Chaos: the runner is SIGKILLed at random moments, over and over.
 
-200,000 uniquely keyed records on 4 partitions; the runner process group (driver,
-JVM, Python workers) is killed 8 times, including while transactions are open
-or committing, and restarted each time.  A read_committed reader must then see
-every input's output exactly once, and G must equal the source end offsets
-(the scenarios are in ``tests/spark_apps/chaos.py``).
+Uniquely keyed records on 4 partitions, 5,000 per batch, produced as the runners
+consume them; the runner process group (driver, JVM, Python workers) is killed 8 times,
+including while transactions are open or committing, and restarted each time. A
+read_committed reader must then see every input's output exactly once, and G must equal
+the source end offsets (the scenarios are in ``tests/spark_apps/chaos.py``).
 
 Each test runs with the checkpoint on a volume (the work directory) and in object
 storage (``s3a://`` on the SeaweedFS test server, where a kill may also land in
@@ -27,9 +27,8 @@ from tests.spark_apps.conftest import PipelineFactory
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 
-RECORDS = 200_000
 KILLS = 8
-#: Offsets per batch: the input must outlast every kill (see kill_repeatedly).
+#: Offsets per batch.
 PER_BATCH = 5_000
 
 
@@ -59,9 +58,7 @@ def test_partitioned_filter_survives_kill_9(
 ) -> None:
     pipeline = make_pipeline(object_store=checkpoints)
     _assert_on_the_release(pipeline, request)
-    chaos.partitioned_filter(
-        pipeline, chaos.seeded(), records=RECORDS, kills=KILLS, per_batch=PER_BATCH
-    )
+    chaos.partitioned_filter(pipeline, chaos.seeded(), kills=KILLS, per_batch=PER_BATCH)
     _assert_checkpointed_in(checkpoints, pipeline)
 
 
@@ -77,7 +74,7 @@ def test_coordinated_window_counts_survive_kill_9(
     # stateful query's restarts read and write its state in the store (~11 min with 8 kills
     # on 2 busy cores).
     kills = KILLS if checkpoints is None else KILLS // 2
-    chaos.window_counts(pipeline, chaos.seeded(), records=RECORDS, kills=kills, per_batch=PER_BATCH)
+    chaos.window_counts(pipeline, chaos.seeded(), kills=kills, per_batch=PER_BATCH)
     _assert_checkpointed_in(checkpoints, pipeline)
 
 

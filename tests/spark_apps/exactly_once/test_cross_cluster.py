@@ -30,9 +30,8 @@ from tests.spark_apps.runs import assert_exactly_once
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
-RECORDS = 40_000
 KILLS = 4
-#: Offsets per batch: the input must outlast every kill (see kill_repeatedly).
+#: Offsets per batch.
 PER_BATCH = 2_000
 
 
@@ -66,7 +65,6 @@ def test_partitioned_filter_across_clusters_survives_kill_9_and_lost_checkpoints
     runners = chaos.partitioned_filter(
         pipeline,
         chaos.seeded(),
-        records=RECORDS,
         kills=KILLS,
         per_batch=PER_BATCH,
         generation=lambda k: k // 2,  # every second runner starts a new generation from G
@@ -85,7 +83,7 @@ def test_coordinated_window_counts_across_clusters_survive_kill_9(
 ) -> None:
     pipeline = across_clusters(make_pipeline, other_cluster_broker)
 
-    chaos.window_counts(pipeline, chaos.seeded(), records=RECORDS, kills=KILLS, per_batch=PER_BATCH)
+    chaos.window_counts(pipeline, chaos.seeded(), kills=KILLS, per_batch=PER_BATCH)
 
     assert_nothing_under_the_source_name(pipeline)
     assert pipeline.lag_view() == pipeline.end_offsets()
