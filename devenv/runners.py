@@ -408,19 +408,20 @@ class Pipeline:
 
     # -- Kafka views ------------------------------------------------------------------------
 
-    def progress(self, *topics: str) -> Offsets:
+    def progress(self, *topics: str, stable: bool = True) -> Offsets:
         """G's stable committed offsets for the partitions of ``topics`` (the source topic).
 
         Read on the sink's cluster; when that is another cluster, under the
         progress topics ``<G>.progress.<topic>`` (docs/exactly-once.md).
+        ``stable=False``: see :func:`committed_offsets`.
         """
-        return self._progress_of(self._partitions(topics))
+        return self._progress_of(self._partitions(topics), stable=stable)
 
-    def _progress_of(self, partitions: list[tuple[str, int]]) -> Offsets:
+    def _progress_of(self, partitions: list[tuple[str, int]], *, stable: bool = True) -> Offsets:
         if self.sink_broker is None:
-            return committed_offsets(self.broker, self.group, partitions)
+            return committed_offsets(self.broker, self.group, partitions, stable=stable)
         stored = {(f"{self.group}.progress.{t}", p): (t, p) for t, p in partitions}
-        found = committed_offsets(self.sink_broker, self.group, list(stored))
+        found = committed_offsets(self.sink_broker, self.group, list(stored), stable=stable)
         return {stored[tp]: offset for tp, offset in found.items()}
 
     def delete_progress(self, partition: int) -> None:
@@ -461,15 +462,19 @@ class Pipeline:
 
 
 def committed_offsets(
-    broker: Brokers, group: str, partitions: Iterable[tuple[str, int]]
+    broker: Brokers, group: str, partitions: Iterable[tuple[str, int]], *, stable: bool = True
 ) -> Offsets:
-    """``group``'s stable committed offsets on ``broker`` for ``partitions`` (absent: none)."""
+    """``group``'s stable committed offsets on ``broker`` for ``partitions`` (absent: none).
+
+    ``stable=False``: the offsets committed so far, without waiting for a transaction that
+    holds offsets of the group to end (a killed runner's stays open until its ids are
+    taken over or it times out).
+    """
     # A consumer's committed() asks for stable offsets under read_committed (and, unlike
     # AdminClient.list_consumer_group_offsets in librdkafka 2.16, survives a fresh broker).
+    isolation = "read_committed" if stable else "read_uncommitted"
     consumer = Consumer(
-        client_config(
-            broker, group_id=group, isolation_level="read_committed", enable_auto_commit=False
-        )
+        client_config(broker, group_id=group, isolation_level=isolation, enable_auto_commit=False)
     )
     wanted = [TopicPartition(t, p) for t, p in partitions]
     try:

@@ -23,7 +23,7 @@ class Input:
     on the source topic. :func:`kill_repeatedly` tops up before each runner, and a runner
     never lives past :data:`BATCHES_PER_KILL` batches, so none runs out of input however
     fast the machine is (one that did would wait for a batch forever), and the last runner
-    has at most those batches left to do.
+    has at most those batches (and one more) left to do.
     """
 
     def __init__(
@@ -36,9 +36,13 @@ class Input:
         self.produced: list[tuple[str, str, int]] = []
 
     def backlog(self) -> int:
-        """Records on the source topic beyond G."""
+        """Records on the source topic beyond G.
+
+        G as committed so far: a killed runner's open transaction never commits (the next
+        runner aborts it), and one killed while committing adds at most a batch.
+        """
         end = self.pipeline.end_offsets()
-        done = self.pipeline.progress()
+        done = self.pipeline.progress(stable=False)
         return sum(offset - done.get(tp, 0) for tp, offset in end.items())
 
     def top_up(self) -> None:
