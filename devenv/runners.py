@@ -35,6 +35,7 @@ from devenv.kafka import CONSUMER_GROUPS_TOOL, KafkaBroker, until_coordinator_re
 from devenv.kafka_cluster import KafkaCluster
 from devenv.processes import QUICK_JVM_OPTIONS
 from devenv.s3 import S3Server
+from devenv.spark_home import shared_spark_home
 from eop_spark.contract.run_config import SCRATCH_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,6 +81,7 @@ def runner_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a crash of the runner leaves a trace
     # The Spark driver's JVM (spark-submit adds these to its command line).
     env.setdefault("SPARK_SUBMIT_OPTS", " ".join(QUICK_JVM_OPTIONS))
+    env.setdefault("SPARK_HOME", str(shared_spark_home()))  # the one its class archive fits
     env.update(extra or {})
     return env
 

@@ -13,6 +13,7 @@ import pytest
 from devenv.kafka import KafkaBroker, spark_kafka_jars
 from devenv.runners import ObjectStoreCheckpoints, Pipeline
 from devenv.s3 import S3Server
+from devenv.spark_home import shared_spark_home
 from eop_spark.exactly_once.partitioned.jvm_writer import writer_jars
 from eop_spark.runtime.class_archive_training import ensure_archive
 from tests.plugins.kafka import TopicFactory
@@ -21,20 +22,23 @@ PipelineFactory = Callable[..., Pipeline]
 
 
 @pytest.fixture(scope="session")
-def spark_jars() -> list[Path]:
+def spark_jars() -> Iterator[list[Path]]:
     """The Spark Kafka connector jars, fetched into the cache where the runner looks.
 
     Also builds partitioned mode's JVM writer, and the JVM class archive runners
-    map (once per cache; it saves each runner start seconds, see
-    eop_spark.speedups.class_archive).
+    map (once per cache, for the cache's Spark home: devenv.spark_home; it saves
+    each runner start seconds, see eop_spark.speedups.class_archive). The tests'
+    own Spark sessions start from that Spark home too.
     """
     jars = spark_kafka_jars()
     writer_jars(jars)  # built now, not in the first runner a test times
-    try:
-        ensure_archive()
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:  # only an optimisation
-        warnings.warn(f"no JVM class archive, runners start slower: {exc}", stacklevel=1)
-    return jars
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SPARK_HOME", str(shared_spark_home()))
+        try:
+            ensure_archive()
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:  # an optimisation
+            warnings.warn(f"no JVM class archive, runners start slower: {exc}", stacklevel=1)
+        yield jars
 
 
 @pytest.fixture

@@ -46,11 +46,15 @@ def java_key() -> str:
 
 
 def classpath_key() -> str:
-    """A short key naming where pyspark's jars are: a dynamic archive maps only into a JVM
-    started with the class path it was written with, so two checkouts (two virtualenvs)
-    sharing one cache need one archive each."""
+    """A short key naming where Spark's jars are (``$SPARK_HOME``, else pyspark's package):
+    a dynamic archive maps only into a JVM started with the class path it was written with,
+    so two Spark homes (two virtualenvs) sharing one cache need one archive each."""
+    home = os.environ.get("SPARK_HOME")
     spec = importlib.util.find_spec("pyspark")
-    where = Path(spec.origin).resolve().parent / "jars" if spec and spec.origin else None
+    if home:
+        where: Path | None = Path(home).resolve() / "jars"
+    else:
+        where = Path(spec.origin).resolve().parent / "jars" if spec and spec.origin else None
     return hashlib.sha256(str(where).encode()).hexdigest()[:8]
 
 

@@ -14,6 +14,7 @@ def test_the_cache_archive_is_keyed_by_spark_jdk_and_class_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("EOP_CACHE", str(tmp_path))
+    monkeypatch.delenv("SPARK_HOME", raising=False)
     path = class_archive.cache_archive()
     assert path.parent.parent == tmp_path / "spark-cds"
     assert path.name.startswith(class_archive.java_key())
@@ -46,3 +47,22 @@ def test_lookup_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert class_archive.find_archive() == explicit
     monkeypatch.setenv("EOP_SPARK_CLASS_ARCHIVE", "")
     assert class_archive.find_archive() is None
+
+
+def test_the_cache_archive_follows_spark_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A JVM started from ``$SPARK_HOME`` has that home's jars on its class path: the archive
+    is keyed by it, whichever virtualenv pyspark's Python side comes from."""
+    monkeypatch.setenv("EOP_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path / "home"))
+    shared = class_archive.cache_archive()
+    other = tmp_path / "other-venv" / "pyspark" / "__init__.py"
+    monkeypatch.setattr(
+        class_archive.importlib.util,
+        "find_spec",
+        lambda name: SimpleNamespace(origin=str(other)),
+    )
+    assert class_archive.cache_archive() == shared
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path / "another-home"))
+    assert class_archive.cache_archive() != shared
