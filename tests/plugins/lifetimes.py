@@ -74,9 +74,9 @@ def stage_of(item: pytest.Item) -> int:
 #: The lanes, in the order ``python -m tests.lanes`` starts them.
 LANES = ("cluster", "data")
 #: The Kafka clusters beside the session's broker whose users run in the ``cluster`` lane:
-#: the replicated cluster, and the other cluster of the cross-cluster tests (which the
-#: control plane's health tests use too), so each starts in one lane only.
-SECOND_CLUSTERS = frozenset({"kafka_cluster", "kafka_cluster_chaos", "other_cluster_broker"})
+#: the replicated ones, so each starts in one lane only. (The cross-cluster tests' second
+#: broker starts in both lanes: its data-plane tests balance the lanes' minutes.)
+SECOND_CLUSTERS = frozenset({"kafka_cluster", "kafka_cluster_chaos"})
 
 
 def lane_of(module: list[pytest.Item]) -> str:
