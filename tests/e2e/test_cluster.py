@@ -249,10 +249,16 @@ def _produce(broker: KafkaBroker, topic: str, records: list[tuple[str, str]]) ->
 
 
 def _read_committed(
-    broker: KafkaBroker, topic: str, expected: int, timeout: float, settle: float
+    broker: KafkaBroker,
+    topic: str,
+    expected: int | Callable[[list[tuple[str, str]]], bool],
+    timeout: float,
+    settle: float,
 ) -> list[tuple[str, str]]:
-    """Read ``topic`` as a read_committed consumer until ``expected`` records arrived (or
-    ``timeout``), then ``settle`` seconds more to catch duplicates."""
+    """Read ``topic`` as a read_committed consumer until ``expected`` records arrived (or what
+    was read satisfies ``expected``, a predicate), or ``timeout``; then ``settle`` seconds more
+    to catch duplicates."""
+    enough = expected if callable(expected) else lambda seen: len(seen) >= expected
     from confluent_kafka import Consumer
 
     consumer = Consumer(
@@ -272,7 +278,7 @@ def _read_committed(
     try:
         while True:
             now = time.monotonic()
-            if settle_until is None and len(seen) >= expected:
+            if settle_until is None and enough(seen):
                 settle_until = now + settle
             if (settle_until is not None and now > settle_until) or now > deadline:
                 return seen
@@ -310,6 +316,11 @@ def _termination_messages(pod: dict[str, Any]) -> list[str]:
     return messages
 
 
+def _release(ns: str) -> str:
+    """The name of the chart's release that :func:`_operator` installs for ``ns``."""
+    return f"eop-{ns.removeprefix('e2e-')}"
+
+
 @contextlib.contextmanager
 def _operator(
     e2e: E2ECluster, ns: str, tmp_path: Path, extra_values: dict[str, Any] | None = None
@@ -322,7 +333,7 @@ def _operator(
     """
     cluster = e2e.cluster
     ops_ns = f"{ns}-ops"
-    release = f"eop-{ns.removeprefix('e2e-')}"
+    release = _release(ns)
     cluster.kubectl("create", "namespace", ops_ns, check=True)
     images = Images(operator=e2e.operator_image, spark=e2e.spark_image)
     values = operator_values(cluster, images, [ns]) | (extra_values or {})

@@ -148,14 +148,15 @@ class Pipeline:
         self.watch = PodWatch(cp, namespace, name)
         self._last_failed = ""
 
-    def apply(self) -> None:
+    def apply(self, *, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``kubectl apply`` the pipeline with ``spec`` as it is now."""
         manifest = {
             "apiVersion": "exactlyonce.io/v1alpha1",
             "kind": "ExactlyOncePipeline",
             "metadata": {"name": self.name, "namespace": self.ns},
             "spec": self.spec,
         }
-        self.cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=True)
+        return self.cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=check)
 
     def get(self, kind: str, name: str) -> dict[str, Any] | None:
         result = self.cp.kubectl("get", kind, name, "-n", self.ns, "-o", "json")
@@ -904,3 +905,100 @@ def test_an_operator_upgrade_restarts_drivers_in_last_state_one_at_a_time(
         assert p.watch.hashes() == [old[p.name], status["specHash"]]
         upgrading = [m for r, m in p.event_messages() if r in ("Upgrading", "Upgraded")]
         assert len(upgrading) == 2 and all(m.startswith("OperatorUpgrade:") for m in upgrading)
+
+
+def test_a_driver_that_does_not_stop_gives_its_restart_slot_to_the_next_pipeline(
+    pipeline: Callable[..., Pipeline], operator: OperatorProcess
+) -> None:
+    """An operator-upgrade restart whose old driver pod stays Terminating (a lost node, a
+    finalizer) holds its slot (--operator-upgrade-parallelism 1) for readinessTimeout only:
+    it is Degraded naming the pod, the next pipeline's restart goes on, and it starts once
+    its pod is gone, never beside it."""
+    pipelines = [pipeline(f"stuck-{i}", upgrade={"readinessTimeout": "5s"}) for i in range(2)]
+    old = {p.name: p.running() for p in pipelines}
+    pods = {p.name: p.pod_of(old[p.name]) for p in pipelines}
+    for p in pipelines:
+        _hold(p, pods[p.name], [HOLD])
+    operator.stop()
+    operator.args = (*operator.args, "--default-image", "localhost/eop-spark:new")
+    operator.start()
+    wait_for(operator.alive, "the upgraded operator")
+
+    def moving() -> list[Pipeline]:
+        return [p for p in pipelines if (p.status().get("upgrade") or {}).get("step")]
+
+    (stuck,) = wait_for(moving, "the first restart")
+    (other,) = [p for p in pipelines if p is not stuck]
+    wait_for(lambda: (stuck.pod() or {}).get("metadata", {}).get("deletionTimestamp"), "stopping")
+    # Its pod does not go: past readinessTimeout the slot serves the other pipeline.
+    wait_for(lambda: len(moving()) == 2, "the next restart while the first pod stays", 30)
+    ready = {c["type"]: c for c in stuck.status()["conditions"]}["Ready"]
+    assert (stuck.status()["phase"], ready["reason"]) == ("Degraded", "DriverNotStopped"), ready
+    assert f"{stuck.name}-driver-0" in ready["message"] and "slot" in ready["message"], ready
+    assert stuck.status()["upgrade"]["step"] == "Stopping", "started beside the old pod"
+    assert "Degraded" in stuck.events()
+    # The pods go at last: both restart in last-state and run the new rendering.
+    for p in pipelines:
+        _hold(p, pods[p.name], None)
+    for p in (other, stuck):
+        new = p.running()
+        assert new != old[p.name]
+        assert p.status()["checkpoint"]["generation"] == 0
+        assert p.watch.hashes() == [old[p.name], new]
+
+
+def _without_rule(crd: dict[str, Any], message: str) -> dict[str, Any]:
+    """``crd`` without the CEL rules whose message starts with ``message`` (an older CRD)."""
+
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {
+                key: (
+                    [r for r in value if not str(r.get("message", "")).startswith(message)]
+                    if key == "x-kubernetes-validations"
+                    else strip(value)
+                )
+                for key, value in node.items()
+            }
+        if isinstance(node, list):
+            return [strip(item) for item in node]
+        return node
+
+    looser: dict[str, Any] = strip(crd)
+    assert looser != crd, f"no rule {message!r} in the CRD"
+    return looser
+
+
+def test_a_spec_accepted_before_a_rule_was_tightened_runs_on_with_spec_no_longer_valid(
+    control_plane: ControlPlane, pipeline: Callable[..., Pipeline], operator: OperatorProcess
+) -> None:
+    """Upgraded CRD and operator meet a spec their predecessors accepted that breaks a rule
+    they added: it keeps running with SpecNoLongerValid, never Invalid; a change of the
+    spec must pass the rule (the API server says so at once)."""
+    cp, rule = control_plane, "health.stallTimeout must be longer than trigger.processingTime"
+    operator.stop()
+    looser = _without_rule(yaml.safe_load(CRD.read_text()), rule)
+    cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+               input=yaml.safe_dump(looser), check=True)  # fmt: skip
+    try:
+        # Accepted under the older rules (and by the older operator, which wrote its status).
+        p = pipeline("ratchet", trigger={"processingTime": "2m"}, health={"stallTimeout": "1m"})
+        cp.kubectl("patch", "eop", p.name, "-n", p.ns, "--subresource=status", "--type=merge",
+                   "-p", json.dumps({"status": {"phase": "Running", "observedGeneration": 1}}),
+                   check=True)  # fmt: skip
+    finally:
+        cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD), check=True)
+    operator.start()
+    wait_for(operator.alive, "the upgraded operator")
+    p.running()  # the operator runs it (its status writes pass the API server's ratchet)
+    status = p.status()
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["SpecNoLongerValid"]["status"] == "True", conditions
+    assert rule in conditions["SpecNoLongerValid"]["message"]
+    assert conditions["Degraded"]["status"] == "False", conditions
+    assert any(r == "SpecNoLongerValid" and rule in m for r, m in p.event_messages())
+    assert "InvalidSpec" not in p.events()
+    # Any change of the spec must pass every rule.
+    p.spec["suspend"] = True
+    refused = p.apply(check=False)
+    assert refused.returncode != 0 and rule in refused.stderr, refused.stderr

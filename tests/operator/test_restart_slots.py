@@ -58,3 +58,24 @@ def test_restarts_under_way_when_the_operator_starts_are_counted() -> None:
 def test_the_limit_is_at_least_one() -> None:
     with pytest.raises(ValueError, match="operator-upgrade-parallelism"):
         RestartSlots(0)
+
+
+def test_a_stuck_stop_frees_its_slot_for_the_pipeline_waiting() -> None:
+    began = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=10)
+    stuck = {
+        "spec": {"upgrade": {"readinessTimeout": "5m"}},
+        "status": {
+            "upgrade": {
+                "toHash": "h",
+                "mode": "last-state",
+                "step": "Stopping",
+                "generation": 0,
+                "reason": "OperatorUpgrade",
+                "startedAt": stamp(began),
+                "beganAt": stamp(began),
+            }
+        },
+    }
+    slots = RestartSlots(1)
+    slots.seed([(A, stuck)])  # a stop that has not ended for 10 minutes holds nothing
+    assert slots.taken == set() and slots.free(B)

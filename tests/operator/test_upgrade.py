@@ -584,8 +584,45 @@ def test_an_operator_upgrade_holds_its_slot_until_ready_or_timed_out() -> None:
 
     spec = UpgradeSpec(readiness_timeout="1m")
     later = NOW + datetime.timedelta(minutes=2)
-    assert holds_restart_slot(wal(UpgradeStep.STOPPING), spec, later)
+    assert holds_restart_slot(wal(UpgradeStep.STOPPING), spec, NOW)
+    assert not holds_restart_slot(wal(UpgradeStep.STOPPING), spec, later)
     assert holds_restart_slot(wal(UpgradeStep.STARTING), spec, NOW)
     assert not holds_restart_slot(wal(UpgradeStep.STARTING), spec, later)
     assert not holds_restart_slot(wal(UpgradeStep.STOPPING, "SpecChanged"), spec, NOW)
     assert not holds_restart_slot(None, spec, NOW)
+
+
+def test_a_stop_that_does_not_end_gives_its_restart_slot_back_and_says_so() -> None:
+    """A driver pod that never goes (a lost node, a finalizer) holds no slot for ever."""
+    stopping = starting("r2-g0", step=UpgradeStep.STOPPING, reason="OperatorUpgrade")
+    status = stopping.model_copy(update={"spec_hash": "v1-g0"})
+    stuck = DriverState(
+        exists=True, replicas=0, template_hash="v1-g0", pods=(pod("v1-g0", deleting=True),)
+    )
+    s = rendered(status, stuck, upgrade=UpgradeSpec(readiness_timeout="1m"))
+    wal = status.upgrade
+    assert wal is not None
+    # Within the bound: the stop waits and holds its slot, nothing said.
+    early = decide(dataclasses.replace(s, now=NOW + datetime.timedelta(seconds=59)))
+    assert early.action is Action.WAIT and early.degraded is None
+    assert holds_restart_slot(wal, s.upgrade, NOW + datetime.timedelta(seconds=59))
+    # Past it: the slot is free for others, the pipeline is Degraded naming the pod, and the
+    # new driver still waits for the old one to go (never two drivers).
+    late = NOW + datetime.timedelta(minutes=2)
+    overdue = decide(dataclasses.replace(s, now=late))
+    assert not holds_restart_slot(wal, s.upgrade, late)
+    assert overdue.action is Action.WAIT and "upgrade" not in overdue.record.model_fields_set
+    assert overdue.degraded is not None and overdue.degraded.reason == "DriverNotStopped"
+    assert "p-driver-0" in overdue.degraded.message
+    assert "restart slot is free" in overdue.degraded.message
+    # The pod goes at last: the new driver waits for a slot like any other restart ...
+    gone = DriverState(exists=True, replicas=0, template_hash="v1-g0")
+    s = dataclasses.replace(s, driver=gone, now=late)
+    waits = decide(dataclasses.replace(s, restart_slot=lambda: False))
+    assert waits.action is Action.WAIT and waits.hold
+    assert "upgrade" not in waits.record.model_fields_set
+    # ... and starts when one is free, holding it again.
+    starts = decide(dataclasses.replace(s, restart_slot=lambda: True))
+    assert starts.action is Action.APPLY and starts.record.upgrade is not None
+    assert starts.record.upgrade.step is UpgradeStep.STARTING
+    assert holds_restart_slot(starts.record.upgrade, s.upgrade, late)

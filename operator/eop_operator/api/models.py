@@ -257,7 +257,8 @@ class UpgradeSpec(SpecModel):
     readiness_timeout: Duration = Field(
         default="5m",
         description="How long a restarted driver may take to become Ready before the upgrade "
-        "counts as failed.",
+        "counts as failed; also how long the old driver pod may take to go before the pipeline "
+        "is Degraded (DriverNotStopped).",
     )
     rollback: bool = Field(
         default=False,

@@ -3,10 +3,11 @@
 A pipeline whose spec renders differently under this operator restarts in
 ``last-state`` (``reconcile.upgrade``), but only while it holds one of
 ``--operator-upgrade-parallelism`` slots.  A slot is held from the decision
-that begins the restart until the new driver is Ready, or its readiness
-timeout passes (``reconcile.upgrade.holds_restart_slot``), as the pipeline's
-own ``status.upgrade`` says.  Pipelines that wait are woken, oldest first, as
-slots free.
+that begins the restart until the new driver is Ready, or until a step (the
+old driver's stop, the new one's start) has run for the readiness timeout
+(``reconcile.upgrade.holds_restart_slot``), as the pipeline's own
+``status.upgrade`` says: a driver pod that never goes holds no slot for ever.
+Pipelines that wait are woken, oldest first, as slots free.
 
 The count lives in this process: a step takes a slot synchronously, between
 its decision and its first await, so two pipelines never take the last one.

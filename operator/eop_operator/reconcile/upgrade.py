@@ -253,10 +253,18 @@ def _stopping(plan: Plan, wal: UpgradeStatus) -> Decision:
         wal = wal.model_copy(update={"to_hash": target})
         plan.record.upgrade = wal
     if s.driver.replicas != 0:
-        return plan.done(Action.STOP, requeue_after=POLL_SECONDS)
+        return plan.done(
+            Action.STOP, requeue_after=POLL_SECONDS, degraded=_not_stopped(plan.s, wal)
+        )
     if s.driver.pods or s.claim is ClaimState.DELETING:
         # A deleted claim goes once no pod uses it; a new one is made only after that.
-        return plan.done(Action.WAIT, requeue_after=POLL_SECONDS)
+        return plan.done(
+            Action.WAIT, requeue_after=POLL_SECONDS, degraded=_not_stopped(plan.s, wal)
+        )
+    gave_back = wal.reason == OPERATOR_UPGRADE and not holds_restart_slot(wal, s.upgrade, s.now)
+    if gave_back and not s.restart_slot():
+        # The stop outlasted its bound and gave its slot back: the new driver waits for one.
+        return plan.done(Action.WAIT, requeue_after=UPGRADE_WAIT_SECONDS, hold=True)
     if wal.not_before and s.now < parse_stamp(wal.not_before):
         wait = (parse_stamp(wal.not_before) - s.now).total_seconds()
         return plan.done(Action.WAIT, requeue_after=max(POLL_SECONDS, wait))
@@ -450,15 +458,44 @@ def holds_restart_slot(
 ) -> bool:
     """Whether an upgrade in flight counts against the operator's restart slots.
 
-    An operator-upgrade restart does until its driver is Ready or, in step Starting,
-    ``readinessTimeout`` has passed (the pipeline is Degraded then, and waits for the user).
+    An operator-upgrade restart does until its driver is Ready, or until a step has run for
+    ``readinessTimeout``: a stop whose driver pod does not go (``DriverNotStopped``) or a start
+    whose driver is not Ready (``UpgradeNotReady``).  The pipeline is Degraded then, and the
+    slot serves other pipelines; a stop that ends later waits for a free slot to start.
     """
     if wal is None or wal.reason != OPERATOR_UPGRADE:
         return False
-    if wal.step is UpgradeStep.STOPPING or wal.started_at is None:
-        return True
+    return not _overdue(wal, upgrade, now)
+
+
+def _overdue(wal: UpgradeStatus, upgrade: UpgradeSpec, now: datetime.datetime) -> bool:
+    """Whether the upgrade's step has run for ``readinessTimeout``: a stop since the upgrade
+    began (a driver pod that does not go), a start since its driver was applied."""
+    since = (wal.began_at or wal.started_at) if wal.step is UpgradeStep.STOPPING else wal.started_at
+    if since is None:
+        return False
     timeout = datetime.timedelta(milliseconds=duration_ms(upgrade.readiness_timeout))
-    return now - parse_stamp(wal.started_at) < timeout
+    return now - parse_stamp(since) >= timeout
+
+
+def _not_stopped(s: Situation, wal: UpgradeStatus) -> Degradation | None:
+    """Why the pipeline is Degraded while its old driver has not stopped for ``readinessTimeout``
+    (a pod on a lost node, or held by a finalizer), else None; the new driver still waits."""
+    if not _overdue(wal, s.upgrade, s.now):
+        return None
+    pods = ", ".join(p.name for p in s.driver.pods) or "the StatefulSet's"
+    freed = (
+        "; its operator-upgrade restart slot is free for other pipelines"
+        if wal.reason == OPERATOR_UPGRADE
+        else ""
+    )
+    return Degradation(
+        reason="DriverNotStopped",
+        message=f"{wal.reason}: driver pod {pods} has not stopped within "
+        f"{s.upgrade.readiness_timeout} of the stop "
+        f"(upgrade.readinessTimeout){freed}; the new driver starts once it is gone (a pod of a "
+        "lost node stays until it is deleted: kubectl delete pod --force)",
+    )
 
 
 def _checkpoint_lost(plan: Plan, applied: str) -> Decision:
