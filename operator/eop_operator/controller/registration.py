@@ -25,6 +25,7 @@ import kopf
 
 from eop_operator import GROUP, KIND, PLURAL, VERSION
 from eop_operator.api.load import plain
+from eop_operator.controller.cluster_gate import ClusterGate
 from eop_operator.controller.context import Context, OperatorOptions
 from eop_operator.controller.finalizer import honour_retention
 from eop_operator.controller.health_monitor import HealthMonitor
@@ -130,7 +131,11 @@ def configure(settings: kopf.OperatorSettings) -> None:
 def memo(options: OperatorOptions, settings: kopf.OperatorSettings) -> kopf.Memo:
     """What every handler of this run shares: the context, the lifecycle, the health monitor."""
     context = Context.open(options, lambda: connection_info(settings))
-    return kopf.Memo(context=context, lifecycle=Lifecycle(context), health=HealthMonitor(context))
+    return kopf.Memo(
+        context=context,
+        lifecycle=Lifecycle(context, ClusterGate(context)),
+        health=HealthMonitor(context),
+    )
 
 
 def _context(memo: kopf.Memo) -> Context:
