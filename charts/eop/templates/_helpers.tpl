@@ -130,6 +130,14 @@ pre-made role instead of holding (and granting) its permissions.
   resources: [{{ ternary "clusterroles" "roles" .Values.clusterWide | quote }}]
   verbs: ["bind"]
   resourceNames: [{{ include "eop.driverRoleName" . | quote }}]
+{{- if not .Values.clusterWide }}
+# Namespaced: its own Role (and RoleBinding) keep a finalizer while pipelines remain in the
+# namespace, so a namespace's deletion cannot take the operator's rights before its pipelines.
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles"]
+  verbs: ["get", "patch"]
+  resourceNames: [{{ include "eop.fullname" . | quote }}]
+{{- end }}
 # retention Delete of a checkpoint in object storage: a Job with the pipeline's image and its
 # object-store Secret deletes the objects (the operator never holds those credentials); created
 # and read by name, owned by the pipeline (the garbage collector deletes it).
