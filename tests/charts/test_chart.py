@@ -383,8 +383,10 @@ def test_cluster_wide_with_a_namespace_list_fails(helm: Helm) -> None:
     assert "watchNamespaces must be empty with clusterWide" in result.stderr
 
 
-def without_bind(rules: list[Manifest]) -> list[Manifest]:
-    return [r for r in rules if r["verbs"] != ["bind"]]
+def without_roles(rules: list[Manifest]) -> list[Manifest]:
+    """The rules but those on roles: ``bind`` on the drivers' role (a Role or a ClusterRole),
+    and, namespaced, ``get``/``patch`` on the operator's own Role (``--rbac-name``)."""
+    return [r for r in rules if r["resources"] not in (["roles"], ["clusterroles"])]
 
 
 @pytest.mark.kube
@@ -406,13 +408,20 @@ def test_namespace_list_uses_a_role_per_namespace(helm: Helm) -> None:
         assert binding["roleRef"]["name"] == roles[namespace]["metadata"]["name"]
         assert binding["subjects"][0]["namespace"] == RELEASE_NAMESPACE
     # The same rules as the cluster-wide mode (one list, two renderings), but for which kind of
-    # drivers' role the operator may bind.
+    # drivers' role the operator may bind, and its own Role, which it keeps (with its
+    # RoleBinding) while pipelines remain in the namespace.
     (cluster_role,) = [r for r in of_kind(render(helm, *CLUSTER_WIDE), "ClusterRole")
                        if not is_driver_role(r)]  # fmt: skip
+    own = roles["team-a"]["metadata"]["name"]
     for role in roles.values():
-        assert without_bind(role["rules"]) == without_bind(cluster_role["rules"])
+        assert without_roles(role["rules"]) == without_roles(cluster_role["rules"])
+        guard = {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"],
+                 "verbs": ["get", "patch"], "resourceNames": [own]}  # fmt: skip
+        assert guard in role["rules"]
     (container,) = deployment(objects)["spec"]["template"]["spec"]["containers"]
-    assert {"--namespace=team-a", "--namespace=team-b"} <= set(container["args"])
+    assert {"--namespace=team-a", "--namespace=team-b", f"--rbac-name={own}"} <= set(
+        container["args"]
+    )
     assert "--all-namespaces" not in container["args"]
 
 
@@ -520,12 +529,15 @@ def test_rbac_covers_what_the_operator_renders_and_no_pod_rights(
         missing = APPLY_VERBS - granted(rules, group, resource)
         assert not missing, f"{obj['kind']}: the chart lacks {sorted(missing)}"
     # What drivers need is in their pre-made role, not with the operator: it cannot create pods
-    # or roles, nor delete collections.
+    # or roles, nor delete collections; of roles it may bind the drivers' and, namespaced, keep
+    # its own (a finalizer), by name.
     driver_role = drivers_role(objects)
     assert driver_role["rules"] == DRIVER_RULES
     assert granted(rules, "", "pods") == {"get", "list", "watch", "delete"}
-    for resource in ("roles", "clusterroles"):
-        assert not granted(rules, "rbac.authorization.k8s.io", resource) - {"bind"}
+    for rule in rules:
+        if rule["resources"] in (["roles"], ["clusterroles"]):
+            assert not set(rule["verbs"]) - {"bind", "get", "patch"}, rule
+            assert len(rule["resourceNames"]) == 1, rule
     assert not any("deletecollection" in r["verbs"] for r in rules)
 
 
