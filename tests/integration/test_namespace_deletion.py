@@ -21,8 +21,10 @@ from tests.integration.operators import OperatorProcess, install_chart, wait_for
 pytestmark = pytest.mark.kube
 
 RELEASE = "eop-ns"
-#: The Role and RoleBinding of each served namespace
-RBAC_NAME = RELEASE  # (the chart names them after a release whose name holds "eop")
+#: The operator's Role and RoleBinding of each served namespace (the chart names them after a
+#: release whose name holds "eop"), and the RoleBinding that lets it release their finalizer.
+RBAC_NAME = RELEASE
+GUARDED = (("role", RBAC_NAME), ("rolebinding", RBAC_NAME), ("rolebinding", f"{RBAC_NAME}-guard"))
 GUARD = "exactlyonce.io/pipelines"
 
 
@@ -40,8 +42,8 @@ def served(control_plane: ControlPlane, tmp_path: Path) -> Iterator[str]:
     finally:
         proc.stop()
         cp.helm("uninstall", RELEASE, "--namespace", f"{RELEASE}-system")
-        for kind in ("eop", "role", "rolebinding"):  # whatever a failed test left behind
-            cp.kubectl("patch", kind, "--all", "-n", namespace, "--type=merge",
+        for kind, name in (*GUARDED, ("eop", "alpha"), ("eop", "beta")):  # a failed test's
+            cp.kubectl("patch", kind, name, "-n", namespace, "--type=merge",
                        "-p", '{"metadata":{"finalizers":null}}')  # fmt: skip
         cp.kubectl("delete", "namespace", namespace, "--wait=false")
 
@@ -77,8 +79,8 @@ def test_deleting_a_served_namespace_with_pipelines_does_not_hang(
             f"{name}'s driver",
         )
     # While pipelines remain, the operator's rights in their namespace cannot go first.
-    for kind in ("role", "rolebinding"):
-        assert GUARD in _finalizers(cp, kind, RBAC_NAME, ns), kind
+    for kind, name in GUARDED:
+        assert GUARD in _finalizers(cp, kind, name, ns), f"{kind}/{name}"
 
     cp.kubectl("delete", "namespace", ns, "--wait=false", check=True)
     wait_for(

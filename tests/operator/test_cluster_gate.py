@@ -24,23 +24,25 @@ from eop_spark.contract.errors import EnvironmentNotReady
 
 
 def test_a_passed_generation_is_not_asked_again_and_a_refusal_is_within_a_minute() -> None:
-    passed = next_answer(None, 3, refusal=None, unavailable=None, now=100.0)
+    passed = next_answer(None, ("u", 3), refusal=None, unavailable=None, now=100.0)
     assert passed.again_at == math.inf
-    refused = next_answer(passed, 4, refusal="spec.sink.kafka.topic ...", unavailable=None, now=5)
+    refused = next_answer(
+        passed, ("u", 4), refusal="spec.sink.kafka.topic ...", unavailable=None, now=5
+    )
     assert refused.again_at == 5 + RECHECK_REFUSED_S
 
 
 def test_a_cluster_out_of_reach_is_asked_again_with_back_off_and_keeps_a_refusal() -> None:
-    answer = next_answer(None, 1, refusal="refused", unavailable=None, now=0.0)
+    answer = next_answer(None, ("u", 1), refusal="refused", unavailable=None, now=0.0)
     waits = []
     for _ in range(8):
-        answer = next_answer(answer, 1, refusal=None, unavailable="down", now=0.0)
+        answer = next_answer(answer, ("u", 1), refusal=None, unavailable="down", now=0.0)
         waits.append(answer.again_at)
         assert answer.refusal == "refused"  # a cluster that does not answer clears nothing
     assert waits[:3] == [RETRY_FIRST_S, 2 * RETRY_FIRST_S, 4 * RETRY_FIRST_S]
     assert waits[-1] == RETRY_MAX_S
     # A new generation starts over, with nothing refused yet.
-    fresh = next_answer(answer, 2, refusal=None, unavailable="down", now=0.0)
+    fresh = next_answer(answer, ("u", 2), refusal=None, unavailable="down", now=0.0)
     assert (fresh.refusal, fresh.misses, fresh.again_at) == (None, 1, RETRY_FIRST_S)
 
 

@@ -65,7 +65,8 @@ class ClusterRefusal(InvalidPipeline):
 class Answer:
     """What one check of a spec generation found."""
 
-    generation: int | None
+    #: The pipeline's uid and generation the answer is about.
+    generation: tuple[str | None, int | None]
     #: Why the spec cannot run (names the field); None: nothing refused.
     refusal: str | None
     #: Why the check could not ask (a cluster or Secret out of reach); None: it asked.
@@ -78,7 +79,7 @@ class Answer:
 
 def next_answer(
     previous: Answer | None,
-    generation: int | None,
+    generation: tuple[str | None, int | None],
     *,
     refusal: str | None,
     unavailable: str | None,
@@ -104,7 +105,8 @@ class ClusterGate:
         self._turns: asyncio.Semaphore | None = None
 
     def forget(self, key: PipelineKey) -> None:
-        """Drop the answer of a pipeline that is gone or going."""
+        """Drop the answer of a pipeline that is gone (not while it is going: a step may
+        still read it as it was, and would ask again)."""
         self.answers.pop(key, None)
 
     async def admit(self, body: dict[str, Any], pipeline: ExactlyOncePipeline) -> None:
@@ -115,7 +117,7 @@ class ClusterGate:
         if pipeline.spec.suspend:
             return
         meta = pipeline.metadata
-        key, generation = (meta.namespace, meta.name), meta.generation
+        key, generation = (meta.namespace, meta.name), (meta.uid, meta.generation)
         now = asyncio.get_running_loop().time()
         answer = self.answers.get(key)
         if answer is None or answer.generation != generation or now >= answer.again_at:
@@ -147,7 +149,11 @@ class ClusterGate:
         meta = pipeline.metadata
         now = asyncio.get_running_loop().time()
         answer = next_answer(
-            previous, meta.generation, refusal=refusal, unavailable=unavailable, now=now
+            previous,
+            (meta.uid, meta.generation),
+            refusal=refusal,
+            unavailable=unavailable,
+            now=now,
         )
         self.answers[(meta.namespace, meta.name)] = answer
         if unavailable is not None and answer.misses == 1:

@@ -53,8 +53,6 @@ class Lifecycle:
         self.memories.pop(key, None)
         self.context.own_writes.drop(key)
         self.context.slots.forget(key)
-        if self.gate is not None:
-            self.gate.forget(key)
 
     def due(self, key: PipelineKey) -> bool:
         """Whether the timer should look at the pipeline now (its last step said when, or a

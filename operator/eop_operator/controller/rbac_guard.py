@@ -7,13 +7,18 @@ their children nor remove the finalizer), and the namespace would stay
 ``Terminating`` forever.
 
 So while a served namespace holds a pipeline, the operator keeps the finalizer
-:data:`GUARD` on its own Role and RoleBinding there (named by
-``--rbac-name``, which the chart sets in namespaced mode): objects being
-deleted still grant their rights until their finalizers are gone.  When the
-namespace's last pipeline is gone, the operator removes :data:`GUARD`, and a
-namespace being deleted goes.  With no pipeline in a namespace there is no
-guard: ``helm uninstall`` after ``kubectl delete eop --all`` (as docs/install.md
-says) leaves nothing behind.
+:data:`GUARD` on its own Role and RoleBinding there (named by ``--rbac-name``,
+which the chart sets in namespaced mode): objects being deleted still grant
+their rights until their finalizers are gone.  When the namespace's last
+pipeline is gone, the operator removes :data:`GUARD`, and a namespace being
+deleted goes.
+
+Removing the finalizers needs rights that outlive the Role: the chart's
+ClusterRole ``NAME-guard`` (get and patch on those objects, by name), bound in
+each served namespace by the RoleBinding ``NAME-guard``, which carries
+:data:`GUARD` too and is released last.  With no pipeline in a namespace there
+is no guard: ``helm uninstall`` after ``kubectl delete eop --all`` (as
+docs/install.md says) leaves nothing behind.
 
 Cluster-wide, the rights come from a ClusterRoleBinding, which no namespace's
 deletion touches: nothing to guard.
@@ -30,8 +35,6 @@ from eop_operator.kube.client import KubeClient, KubeError
 #: The finalizer on the operator's Role and RoleBinding of a namespace that holds pipelines.
 GUARD = f"{GROUP}/pipelines"
 RBAC = "rbac.authorization.k8s.io/v1"
-#: The kinds that grant the operator its rights in a served namespace.
-GUARDED_KINDS = ("Role", "RoleBinding")
 #: Tries of one finalizer change that conflicts with another writer of the object.
 TRIES = 3
 
@@ -44,7 +47,9 @@ class RbacGuard:
     def __init__(self, client: KubeClient, name: str) -> None:
         """``name``: the Role's and the RoleBinding's name in every served namespace."""
         self.client = client
-        self.name = name
+        #: What grants the operator its rights in a served namespace, released in this order:
+        #: the guard's own binding last (its ClusterRole authorizes every release).
+        self.guarded = (("Role", name), ("RoleBinding", name), ("RoleBinding", f"{name}-guard"))
         #: The namespaces whose guard this run has seen in place.
         self.held: set[str] = set()
 
@@ -54,14 +59,13 @@ class RbacGuard:
             return
         self.held.add(namespace)  # tried once per run: a refusal must not hold pipelines back
         try:
-            for kind in GUARDED_KINDS:
-                await self._change(namespace, kind, add=True)
+            for kind, name in self.guarded:
+                await self._change(namespace, kind, name, add=True)
         except (KubeError, OSError) as exc:
             log.warning(
-                "could not put the finalizer %s on %s in %s (deleting the namespace may then "
-                "wait on its pipelines): %s",
+                "could not put the finalizer %s on the operator's Role and RoleBindings in %s "
+                "(deleting the namespace may then wait on its pipelines): %s",
                 GUARD,
-                self.name,
                 namespace,
                 exc,
             )
@@ -76,14 +80,14 @@ class RbacGuard:
         try:
             if await self.client.list_objects(pipeline_api, pipeline_kind, namespace):
                 return
-            for kind in GUARDED_KINDS:
-                await self._change(namespace, kind, add=False)
+            for kind, name in self.guarded:
+                await self._change(namespace, kind, name, add=False)
         except (KubeError, OSError) as exc:
             log.warning("could not release the finalizer %s in %s: %s", GUARD, namespace, exc)
 
-    async def _change(self, namespace: str, kind: str, *, add: bool) -> None:
+    async def _change(self, namespace: str, kind: str, name: str, *, add: bool) -> None:
         for attempt in range(TRIES):
-            found = await self.client.get(RBAC, kind, namespace, self.name)
+            found = await self.client.get(RBAC, kind, namespace, name)
             if found is None:
                 return  # not the chart's (rbac.create=false, another name): nothing to guard
             meta: dict[str, Any] = found["metadata"]
@@ -93,7 +97,7 @@ class RbacGuard:
             wanted = [*finalizers, GUARD] if add else [f for f in finalizers if f != GUARD]
             patch = {"metadata": {"finalizers": wanted, "resourceVersion": meta["resourceVersion"]}}
             try:
-                await self.client.patch(RBAC, kind, namespace, self.name, patch)
+                await self.client.patch(RBAC, kind, namespace, name, patch)
                 return
             except KubeError as exc:
                 if exc.status != 409 or attempt == TRIES - 1:

@@ -238,7 +238,10 @@ async def pipeline_changed(
     key = (str(body.metadata.namespace), str(body.metadata.name))
     guard: RbacGuard | None = memo.get("guard")
     if type == "DELETED":
-        _lifecycle(memo).forget(key)
+        lifecycle = _lifecycle(memo)
+        lifecycle.forget(key)
+        if lifecycle.gate is not None:
+            lifecycle.gate.forget(key)
         if guard is not None:  # the namespace's last pipeline: its rights there may go
             await guard.release(key[0], API_VERSION, KIND)
         return
