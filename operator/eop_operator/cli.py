@@ -146,6 +146,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
             service_accounts=frozenset(args.allow_service_account or ()),
         ),
         operator_upgrade_parallelism=args.operator_upgrade_parallelism,
+        rbac_name=args.rbac_name,
     )
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
     try:
@@ -296,6 +297,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--namespace", "-n", action="append", help="watch this namespace (repeatable)"
     )
     op.add_argument("--default-image", help="Spark application image for pipelines without one")
+    op.add_argument(
+        "--rbac-name",
+        metavar="NAME",
+        help="the Role and RoleBinding that grant the operator its rights in each watched "
+        "namespace: they keep a finalizer while pipelines remain there, so deleting the "
+        "namespace releases the pipelines first (the chart sets it in namespaced mode)",
+    )
     op.add_argument(
         "--host-ports",
         type=HostPortRange.parse,

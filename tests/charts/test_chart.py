@@ -126,6 +126,33 @@ def is_driver_role(role: Manifest) -> bool:
     return name.endswith("-driver")
 
 
+def is_guard(obj: Manifest) -> bool:
+    """The namespaced mode's ClusterRole (and its RoleBindings) that keeps the operator's rights
+    in a namespace until its pipelines are gone."""
+    name: str = obj["metadata"]["name"]
+    return name.endswith("-guard")
+
+
+def assert_guard(objects: list[Manifest], namespaces: list[str]) -> None:
+    """The only ClusterRole of the namespaced mode: get and patch on the operator's own Role and
+    RoleBindings by name, bound in the served namespaces only."""
+    (guard,) = of_kind(objects, "ClusterRole")
+    assert of_kind(objects, "ClusterRoleBinding") == []
+    name, own = guard["metadata"]["name"], pipeline_roles(objects)[0]["metadata"]["name"]
+    group = ["rbac.authorization.k8s.io"]
+    assert guard["rules"] == [
+        {"apiGroups": group, "resources": ["roles"], "verbs": ["get", "patch"],
+         "resourceNames": [own]},
+        {"apiGroups": group, "resources": ["rolebindings"], "verbs": ["get", "patch"],
+         "resourceNames": [own, name]},
+    ]  # fmt: skip
+    bindings = [b for b in of_kind(objects, "RoleBinding") if is_guard(b)]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == namespaces
+    assert all(b["roleRef"]["name"] == name for b in bindings)
+    (container,) = deployment(objects)["spec"]["template"]["spec"]["containers"]
+    assert f"--rbac-name={own}" in container["args"]
+
+
 def drivers_role(objects: list[Manifest]) -> Manifest:
     """The drivers' role (one per served namespace, all alike; or one ClusterRole)."""
     (first, *more) = [
@@ -340,8 +367,7 @@ def test_no_namespace_is_served_by_default(helm: Helm) -> None:
 @pytest.mark.kube
 def test_one_namespace_is_served_with_roles_there_and_leases_at_home(helm: Helm) -> None:
     objects = render(helm, *SERVE)
-    assert of_kind(objects, "ClusterRole") == []
-    assert of_kind(objects, "ClusterRoleBinding") == []
+    assert_guard(objects, [SERVED])
     namespaces = {
         o["metadata"]["namespace"] for o in objects if o["kind"] in ("Role", "RoleBinding")
     }
@@ -390,13 +416,12 @@ def without_bind(rules: list[Manifest]) -> list[Manifest]:
 @pytest.mark.kube
 def test_namespace_list_uses_a_role_per_namespace(helm: Helm) -> None:
     objects = render(helm, *NAMESPACED)
-    assert of_kind(objects, "ClusterRole") == []
-    assert of_kind(objects, "ClusterRoleBinding") == []
+    assert_guard(objects, ["team-a", "team-b"])
     roles = {r["metadata"]["namespace"]: r for r in pipeline_roles(objects)}
     bindings = {
         b["metadata"]["namespace"]: b
         for b in of_kind(objects, "RoleBinding")
-        if not is_leader_election(b)
+        if not is_leader_election(b) and not is_guard(b)
     }
     driver_roles = {
         r["metadata"]["namespace"] for r in of_kind(objects, "Role") if is_driver_role(r)
@@ -520,12 +545,15 @@ def test_rbac_covers_what_the_operator_renders_and_no_pod_rights(
         missing = APPLY_VERBS - granted(rules, group, resource)
         assert not missing, f"{obj['kind']}: the chart lacks {sorted(missing)}"
     # What drivers need is in their pre-made role, not with the operator: it cannot create pods
-    # or roles, nor delete collections.
+    # or roles, nor delete collections; of roles it may bind the drivers' and, namespaced, patch
+    # its own (a finalizer, see assert_guard), by name.
     driver_role = drivers_role(objects)
     assert driver_role["rules"] == DRIVER_RULES
     assert granted(rules, "", "pods") == {"get", "list", "watch", "delete"}
-    for resource in ("roles", "clusterroles"):
-        assert not granted(rules, "rbac.authorization.k8s.io", resource) - {"bind"}
+    for rule in rules:
+        if rule["resources"] in (["roles"], ["clusterroles"]):
+            assert not set(rule["verbs"]) - {"bind", "get", "patch"}, rule
+            assert len(rule["resourceNames"]) == 1, rule
     assert not any("deletecollection" in r["verbs"] for r in rules)
 
 

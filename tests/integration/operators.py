@@ -58,12 +58,16 @@ def operator_requests(cp: ControlPlane, namespace: str, since: int) -> Counter[t
     )
 
 
-def install_chart(cp: ControlPlane, release: str, namespace: str) -> Path:
-    """Install the chart cluster-wide as ``release`` in ``namespace``; its account's kubeconfig.
+def install_chart(
+    cp: ControlPlane, release: str, namespace: str, serve: tuple[str, ...] = ()
+) -> Path:
+    """Install the chart as ``release`` in ``namespace``; its account's kubeconfig.
 
-    Cluster-wide: these tests serve pipelines in namespaces made per test (tests/charts
-    runs the namespaced default).
+    Cluster-wide unless ``serve`` names the namespaces to serve (the chart's namespaced
+    mode: a Role and RoleBinding in each): these tests serve pipelines in namespaces made
+    per test (tests/charts runs the namespaced default).
     """
+    mode = f"watchNamespaces={{{','.join(serve)}}}" if serve else "clusterWide=true"
     cp.helm(
         "install",
         release,
@@ -72,7 +76,7 @@ def install_chart(cp: ControlPlane, release: str, namespace: str) -> Path:
         namespace,
         "--create-namespace",
         "--set",
-        "clusterWide=true",
+        mode,
         "--wait=false",
         check=True,
     )

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from devenv.kafka import KafkaBroker
 from devenv.kube import ControlPlane
 from tests.integration.operators import OperatorProcess, install_chart, wait_for
 
@@ -159,3 +160,56 @@ def test_a_shipped_transform_function_that_does_not_exist_gets_no_driver(
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert "transform.python.function 'count_impresions' is not defined" in degraded["message"]
     assert _get(cp, "statefulset", "typo-driver", ns) is None
+
+
+def _degraded(cp: ControlPlane, name: str, namespace: str) -> str:
+    """The Degraded condition's message once the pipeline is Invalid (nothing created)."""
+    status = wait_for(
+        lambda: (s := _status(cp, name, namespace)).get("phase") == "Invalid" and s,
+        f"{name} refused",
+    )
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True"
+    return str(degraded["message"])
+
+
+def test_what_only_the_brokers_and_secrets_can_tell_is_refused_before_a_driver(
+    control_plane: ControlPlane, operator: Path, kube_namespace: str, kafka_broker: KafkaBroker
+) -> None:
+    """A transaction timeout above the broker's maximum, a sink topic the source reads from
+    the same cluster (its broker written another way) and a Secret holding a setting eop owns
+    are refused by the operator, naming the field; a sound pipeline on that broker proceeds."""
+    cp, ns, servers = control_plane, kube_namespace, kafka_broker.bootstrap_servers
+    port = servers.rsplit(":", 1)[1]
+    cp.kubectl(
+        "create", "secret", "generic", "producer-props", "-n", ns,
+        "--from-literal=transactional.id=mine", check=True,
+    )  # fmt: skip
+    on_broker = {"bootstrapServers": servers, "topics": ["raw"]}
+    _apply(cp, ns, "sound", source={"kafka": on_broker})
+    sink = {"bootstrapServers": servers, "topic": "clean", "transactionTimeout": "16m"}
+    _apply(cp, ns, "patient", source={"kafka": on_broker}, sink={"kafka": sink})
+    sink = {"bootstrapServers": f"localhost:{port}", "topic": "raw"}
+    _apply(cp, ns, "echo", source={"kafka": on_broker}, sink={"kafka": sink})
+    sink = {"bootstrapServers": servers, "topic": "clean", "secretRef": {"name": "producer-props"}}
+    _apply(cp, ns, "owner", sink={"kafka": sink})
+
+    assert (
+        "spec.sink.kafka.transactionTimeout 16m (960000 ms) is above transaction.max.timeout.ms"
+        " 900000" in _degraded(cp, "patient", ns)
+    )
+    assert "spec.sink.kafka.topic 'raw' is read by spec.source.kafka.topics" in _degraded(
+        cp, "echo", ns
+    )
+    assert (
+        "spec.sink.kafka.secretRef (Secret producer-props): transactional.id is set by eop"
+        in _degraded(cp, "owner", ns)
+    )
+    for name in ("patient", "echo", "owner"):
+        warning = wait_for(lambda n=name: _warnings(cp, ns, n), f"{name}'s Warning event")
+        assert warning[0]["reason"] == "InvalidSpec"
+    # The sound one (asked the same broker) got its driver; the refused ones got nothing.
+    wait_for(lambda: _get(cp, "statefulset", "sound-driver", ns), "the sound pipeline's driver")
+    for name in ("patient", "echo", "owner"):
+        assert _get(cp, "configmap", f"{name}-config", ns) is None
+        assert _get(cp, "statefulset", f"{name}-driver", ns) is None

@@ -107,6 +107,26 @@ chart's ValidatingAdmissionPolicy, templates/secret-policy.yaml). No wildcards, 
 impersonate, and `bind` only on the drivers' role, by name: the operator hands drivers that
 pre-made role instead of holding (and granting) its permissions.
 */}}
+{{/* Namespaced mode: the ClusterRole (bound by a RoleBinding in each served namespace only) that
+lets the operator keep and release the finalizer on its own Role and RoleBindings there, so a
+namespace's deletion cannot take its rights before its pipelines (docs/security.md, "Deleting a
+namespace"). A ClusterRole, which no namespace's deletion removes: releasing the last finalizer
+needs rights that outlive the namespace's Role. */}}
+{{- define "eop.guardName" -}}
+{{- printf "%s-guard" (include "eop.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "eop.guardRules" -}}
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles"]
+  verbs: ["get", "patch"]
+  resourceNames: [{{ include "eop.fullname" . | quote }}]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["rolebindings"]
+  verbs: ["get", "patch"]
+  resourceNames: [{{ include "eop.fullname" . | quote }}, {{ include "eop.guardName" . | quote }}]
+{{- end }}
+
 {{- define "eop.rbacRules" -}}
 # The pipelines: watch them, add and remove the finalizer (patch), write their status.
 - apiGroups: ["exactlyonce.io"]

@@ -37,6 +37,9 @@ class OperatorOptions:
     #: Drivers restarting at once because this operator renders their spec differently
     #: (``--operator-upgrade-parallelism``).
     operator_upgrade_parallelism: int = 1
+    #: The operator's own Role and RoleBinding in each served namespace (``--rbac-name``,
+    #: namespaced mode): kept while pipelines remain there (``controller.rbac_guard``).
+    rbac_name: str | None = None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Any
 from eop_operator import metrics
 from eop_operator.api.load import InvalidPipeline
 from eop_operator.api.resolve import IdentityChanged
+from eop_operator.controller.cluster_gate import ClusterGate
 from eop_operator.controller.context import Context
 from eop_operator.controller.lifecycle_status import refuse
 from eop_operator.controller.step import Memory, Renderer, take_step, warn_lenient
@@ -30,8 +31,10 @@ MAX_STEPS = 6
 class Lifecycle:
     """Drives every pipeline's lifecycle; holds what it remembers of each between steps."""
 
-    def __init__(self, context: Context) -> None:
+    def __init__(self, context: Context, gate: ClusterGate | None = None) -> None:
+        """``gate``: what the clusters say is asked before each step renders (None: nothing)."""
         self.context = context
+        self.gate = gate
         #: One step at a time per pipeline: every trigger calls :meth:`drive`.
         self.locks: dict[PipelineKey, asyncio.Lock] = {}
         self.memories: dict[PipelineKey, Memory] = {}
@@ -124,6 +127,8 @@ class Lifecycle:
                 try:
                     subject = Subject.read(body)
                     await warn_lenient(self.context, subject, memory)
+                    if self.gate is not None:  # before anything is rendered or applied
+                        await self.gate.admit(body, subject.pipeline)
                     departed = [pod] if pod else []
                     wait = await take_step(
                         self.context, observed, subject, render, memory, departed

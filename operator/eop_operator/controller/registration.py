@@ -23,12 +23,14 @@ from typing import Any
 
 import kopf
 
-from eop_operator import GROUP, KIND, PLURAL, VERSION
+from eop_operator import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from eop_operator.api.load import plain
+from eop_operator.controller.cluster_gate import ClusterGate
 from eop_operator.controller.context import Context, OperatorOptions
 from eop_operator.controller.finalizer import honour_retention
 from eop_operator.controller.health_monitor import HealthMonitor
 from eop_operator.controller.lifecycle import Lifecycle
+from eop_operator.controller.rbac_guard import RbacGuard
 from eop_operator.controller.renderer import renderer
 from eop_operator.kube.observed import Observed, PipelineKey, pipeline_key, slim
 from eop_operator.reconcile.admission import Claimant, claimed_identities
@@ -130,7 +132,13 @@ def configure(settings: kopf.OperatorSettings) -> None:
 def memo(options: OperatorOptions, settings: kopf.OperatorSettings) -> kopf.Memo:
     """What every handler of this run shares: the context, the lifecycle, the health monitor."""
     context = Context.open(options, lambda: connection_info(settings))
-    return kopf.Memo(context=context, lifecycle=Lifecycle(context), health=HealthMonitor(context))
+    name = options.rbac_name
+    return kopf.Memo(
+        context=context,
+        lifecycle=Lifecycle(context, ClusterGate(context)),
+        health=HealthMonitor(context),
+        guard=RbacGuard(context.client, name) if name else None,
+    )
 
 
 def _context(memo: kopf.Memo) -> Context:
@@ -228,8 +236,14 @@ async def pipeline_changed(
     status).  A deleted pipeline is ``finalize``'s.
     """
     key = (str(body.metadata.namespace), str(body.metadata.name))
+    guard: RbacGuard | None = memo.get("guard")
     if type == "DELETED":
-        _lifecycle(memo).forget(key)
+        lifecycle = _lifecycle(memo)
+        lifecycle.forget(key)
+        if lifecycle.gate is not None:
+            lifecycle.gate.forget(key)
+        if guard is not None:  # the namespace's last pipeline: its rights there may go
+            await guard.release(key[0], API_VERSION, KIND)
         return
     if body.metadata.get("deletionTimestamp"):
         return
@@ -237,6 +251,8 @@ async def pipeline_changed(
         # kopf adds it first (a patch that fails on a newer version): the event of that
         # patch comes back here.
         return
+    if guard is not None:  # before anything is created for the pipeline
+        await guard.hold(key[0])
     await _drive(memo, key, kwargs)
 
 

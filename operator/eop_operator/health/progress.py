@@ -40,6 +40,7 @@ from eop_spark.contract.kafka_access import (
     source_librdkafka_config,
 )
 from eop_spark.contract.offsets import EARLIEST, LATEST, TopicPartition, starting_offsets
+from eop_spark.contract.owned_settings import SINK_OPTIONS, SOURCE_OPTIONS
 from eop_spark.contract.progress_names import ProgressNames, progress_names
 from eop_spark.contract.redaction import Redactor
 from eop_spark.contract.spec import KafkaSource
@@ -66,10 +67,15 @@ class KafkaAccess:
         return Redactor(self.secrets).redact(message)
 
 
+class SecretRefused(ProgressUnavailable):
+    """A Secret the pipeline names holds what eop refuses (the message names the key)."""
+
+
 async def read_secret(client: KubeClient, namespace: str, name: str) -> dict[str, str]:
     """The properties of a Secret (one per key), decoded; raises ProgressUnavailable.
 
-    An API server that does not answer is not the Secret's fault: KubeUnavailable passes.
+    A key that is not text raises :class:`SecretRefused`.  An API server that does
+    not answer is not the Secret's fault: KubeUnavailable passes.
     """
     try:
         secret = await client.get("v1", "Secret", namespace, name)
@@ -86,11 +92,32 @@ async def read_secret(client: KubeClient, namespace: str, name: str) -> dict[str
             f"Secret {name}", {key: partial(base64.b64decode, value) for key, value in data.items()}
         )
     except EopError as exc:
-        raise ProgressUnavailable(exc.message) from None
+        raise SecretRefused(exc.message) from None
+
+
+def owned_secret_key(pipeline: ExactlyOncePipeline, side: str, secret: Mapping[str, str]) -> None:
+    """Raise :class:`SecretRefused` naming the first key of ``side``'s Secret that eop owns.
+
+    ``side``: "source" or "sink".  The API server refuses such keys in ``options``;
+    a Secret's keys only the operator (and the runner) can see.
+    """
+    kafka = pipeline.spec.source.kafka if side == "source" else pipeline.spec.sink.kafka
+    owned = SOURCE_OPTIONS if side == "source" else SINK_OPTIONS
+    ref = kafka.secret_ref
+    if ref is None:
+        return
+    for key in secret:
+        if owned.owns(key):
+            where = f"spec.{side}.kafka.secretRef (Secret {ref.name})"
+            raise SecretRefused(owned.refusal(key, where))
 
 
 async def kafka_access(client: KubeClient, pipeline: ExactlyOncePipeline) -> KafkaAccess:
-    """The Kafka client settings of ``pipeline``, Secrets read through the API."""
+    """The Kafka client settings of ``pipeline``, Secrets read through the API.
+
+    Raises :class:`SecretRefused` for a Secret key eop refuses, else
+    :class:`ProgressUnavailable` when a Secret cannot be read.
+    """
     namespace = pipeline.metadata.namespace
     source, sink = pipeline.spec.source.kafka, pipeline.spec.sink.kafka
     source_secret = (
@@ -99,6 +126,8 @@ async def kafka_access(client: KubeClient, pipeline: ExactlyOncePipeline) -> Kaf
     sink_secret = (
         await read_secret(client, namespace, sink.secret_ref.name) if sink.secret_ref else {}
     )
+    owned_secret_key(pipeline, "source", source_secret)
+    owned_secret_key(pipeline, "sink", sink_secret)
     secrets = (*source_secret.values(), *sink_secret.values())
     access = KafkaAccess({}, {}, secrets)
     try:

@@ -29,7 +29,7 @@ from eop_spark.kafka.client_config import EAGER_CONNECTIONS
 METADATA_TIMEOUT_S = 10.0
 
 
-def _metadata(client_config: Mapping[str, Any], role: str) -> Any:
+def _metadata(client_config: Mapping[str, Any], role: str, timeout: float) -> Any:
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
 
@@ -49,7 +49,7 @@ def _metadata(client_config: Mapping[str, Any], role: str) -> Any:
     admin = AdminClient(conf)
     servers = client_config["bootstrap.servers"]
     try:
-        return admin.list_topics(timeout=METADATA_TIMEOUT_S)
+        return admin.list_topics(timeout=timeout)
     except KafkaException as exc:
         admin.poll(0)  # serves the error callback
         if refused:
@@ -165,9 +165,11 @@ class Cluster:
         return self.servers == other.servers
 
 
-def cluster(client_config: Mapping[str, Any], role: str) -> Cluster:
+def cluster(
+    client_config: Mapping[str, Any], role: str, timeout: float = METADATA_TIMEOUT_S
+) -> Cluster:
     """Ask the ``role`` ("source" or "sink") cluster for its metadata; fails with one line."""
-    metadata = _metadata(client_config, role)
+    metadata = _metadata(client_config, role, timeout)
     return Cluster(
         role=role,
         servers=str(client_config["bootstrap.servers"]),
@@ -257,7 +259,10 @@ MAX_TRANSACTION_TIMEOUT = "transaction.max.timeout.ms"
 
 
 def refuse_long_transactions(
-    client_config: Mapping[str, Any], sink: Cluster, transaction_timeout: str
+    client_config: Mapping[str, Any],
+    sink: Cluster,
+    transaction_timeout: str,
+    timeout: float = METADATA_TIMEOUT_S,
 ) -> None:
     """Refuse a ``spec.sink.kafka.transactionTimeout`` above a sink broker's maximum.
 
@@ -279,14 +284,14 @@ def refuse_long_transactions(
     timeout_ms = duration_ms(transaction_timeout)
     admin = AdminClient({**EAGER_CONNECTIONS, **client_config, "log_level": 0})
     requests = [
-        (broker, admin.describe_configs([resource(broker)], request_timeout=METADATA_TIMEOUT_S))
+        (broker, admin.describe_configs([resource(broker)], request_timeout=timeout))
         for broker in sink.brokers
     ]
     maxima: dict[int, int] = {}
     for broker, futures in requests:
         for future in futures.values():
             try:
-                entry = future.result(timeout=METADATA_TIMEOUT_S).get(MAX_TRANSACTION_TIMEOUT)
+                entry = future.result(timeout=timeout).get(MAX_TRANSACTION_TIMEOUT)
             except (KafkaException, TimeoutError):
                 continue
             if entry is not None and entry.value:
