@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,15 +29,10 @@ def test_a_broker_away_past_the_call_timeout_fails_the_batch_not_the_runner() ->
         TransactionalProducer({"bootstrap.servers": NOBODY, "transactional.id": "t"}, timeout=1)
 
 
-@pytest.mark.kafka
-def test_a_call_blocked_past_its_timeout_gives_the_producer_up(
-    kafka_broker: KafkaBroker, kafka_topic: str
-) -> None:
-    """librdkafka's send_offsets_to_transaction can block past its timeout once G's
-    coordinator went away (confluentinc/librdkafka#5456, #5511): the batch fails in time, and
-    the producer is given up (a new one fences it)."""
-    conf = kafka_broker.client_config({"transactional.id": f"t-{uuid.uuid4().hex[:8]}"})
-    producer = TransactionalProducer(conf, timeout=30)
+@contextlib.contextmanager
+def send_offsets_blocked(producer: TransactionalProducer) -> Iterator[None]:
+    """``producer``'s send_offsets_to_transaction blocks until the block ends (as librdkafka's
+    can while G's coordinator is away); then the producer is closed."""
     release = threading.Event()
     real = producer._producer
 
@@ -47,16 +44,29 @@ def test_a_call_blocked_past_its_timeout_gives_the_producer_up(
             return getattr(real, name)
 
     producer._producer = Blocked()
-    producer.begin()
-    started = time.monotonic()
     try:
-        with pytest.raises(SinkRetryable, match=r"blocked for .* past its timeout"):
-            producer.send_offsets({(kafka_topic, 0): 1}, None, names=ProgressNames("g"), timeout=1)
-        assert time.monotonic() - started < 1 + OVERRUN_S + 2
-        assert not producer.usable
+        yield
         producer.close()
     finally:
         release.set()
+
+
+@pytest.mark.kafka
+def test_a_call_blocked_past_its_timeout_gives_the_producer_up(
+    kafka_broker: KafkaBroker, kafka_topic: str
+) -> None:
+    """librdkafka's send_offsets_to_transaction can block past its timeout once G's
+    coordinator went away (confluentinc/librdkafka#5456, #5511): the batch fails in time, and
+    the producer is given up (a new one fences it)."""
+    conf = kafka_broker.client_config({"transactional.id": f"t-{uuid.uuid4().hex[:8]}"})
+    producer = TransactionalProducer(conf, timeout=30)
+    with send_offsets_blocked(producer):
+        producer.begin()
+        started = time.monotonic()
+        with pytest.raises(BrokerUnavailable, match=r"blocked for .* past its timeout"):
+            producer.send_offsets({(kafka_topic, 0): 1}, None, names=ProgressNames("g"), timeout=1)
+        assert time.monotonic() - started < 1 + OVERRUN_S + 2
+        assert not producer.usable
 
 
 @pytest.mark.kafka
@@ -73,23 +83,9 @@ def test_calls_inside_a_transaction_retry_no_longer_than_it_lives(
         {"transactional.id": f"t-{uuid.uuid4().hex[:8]}", "transaction.timeout.ms": 1500}
     )
     producer = TransactionalProducer(conf)
-    release = threading.Event()
-    real = producer._producer
-
-    class Away:
-        def send_offsets_to_transaction(self, *_: Any) -> None:
-            release.wait()
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(real, name)
-
-    producer._producer = Away()
-    producer.begin()
-    started = time.monotonic()
-    try:
+    with send_offsets_blocked(producer):
+        producer.begin()
+        started = time.monotonic()
         with pytest.raises(BrokerUnavailable, match=r"blocked for [12]s, past its timeout"):
             producer.send_offsets({(kafka_topic, 0): 1}, None, names=ProgressNames("g"))
         assert time.monotonic() - started < 1.5 + 0.5 + 1
-        producer.close()
-    finally:
-        release.set()
