@@ -41,7 +41,7 @@ OUTAGE_S = 15.0
 #: Seconds within which each pipeline writes the outage's input once the node is back
 #: (measured: 1-2 s; 35-42 s when calls inside a transaction retried for a minute whatever its
 #: timeout).
-RECOVERY_S = 15.0
+RECOVERY_S = 20.0
 RECORDS = 50
 
 

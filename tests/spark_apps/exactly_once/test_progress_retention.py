@@ -1,19 +1,20 @@
 """Progress that outlives the broker's offsets retention (invariant 6), on real brokers.
 
-A broker of its own and a replicated cluster of 3 nodes, each node with
-``offsets.retention.minutes=1``, expire the progress group's offsets a minute
-after their last commit.  Four pipelines process their input, then stay idle
-past the retention side by side: two with their runner up and idle
-(partitioned and coordinated: the runner's keep-alive, at an interval from the
-retention it reads from every broker; more input after the refreshes is
-processed once), two suspended (no runner: the operator's keep-alive function,
-called as its health daemon does).  Each way runs once on the broker and once
-on the cluster, whose every broker the runner must ask (one call per broker:
-librdkafka refuses several in one, and the keep-alive then fell back to an
-hourly refresh).  Then every one starts a new checkpoint generation, which
-resumes from the progress group: exactly once, nothing repeated.  Without the
-keep-alive the new generations find no progress and stop (or, without that
-guard too, repeat all their input, as issue 27 measured).
+A replicated cluster of its own (3 nodes, each with
+``offsets.retention.minutes=1``) expires the progress group's offsets a minute
+after their last commit, on whichever node is the group's coordinator.  Four
+pipelines process their input, then stay idle past the retention side by side:
+two with their runner up and idle (partitioned and coordinated: the runner's
+keep-alive, at an interval from the retention it reads from every broker, one
+call per broker: librdkafka refuses several in one, and the keep-alive then
+fell back to an hourly refresh; more input after the refreshes is processed
+once), two suspended (no runner: the operator's keep-alive function, called as
+its health daemon does; ``tests/integration/test_health.py`` runs the daemon
+itself against a single broker).  Then every one starts a new checkpoint
+generation, which resumes from the progress group: exactly once, nothing
+repeated.  Without the keep-alive the new generations find no progress and
+stop (or, without that guard too, repeat all their input, as issue 27
+measured).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from typing import Any
 
 import pytest
 
-from devenv.kafka import KafkaBroker
 from devenv.kafka_cluster import KafkaCluster
 from devenv.runners import Pipeline, Runner, produce
 from eop_operator.api.load import load_pipeline
@@ -45,7 +45,7 @@ RECORDS = 300
 PARTITIONS = 3
 
 
-def _pipeline(broker: KafkaBroker | KafkaCluster, work: Path, name: str) -> Pipeline:
+def _pipeline(broker: KafkaCluster, work: Path, name: str) -> Pipeline:
     source, sink = f"in-{name}", f"out-{name}"
     broker.create_topic(source, PARTITIONS)
     broker.create_topic(sink, PARTITIONS)
@@ -125,18 +125,12 @@ def _wait_caught_up(pipelines: list[Pipeline], runners: list[Runner], timeout: f
 
 
 def test_progress_survives_idle_and_suspended_pipelines_past_retention(
-    short_retention_broker: KafkaBroker,
-    short_retention_cluster: KafkaCluster,
-    spark_jars: list[Path],
-    tmp_path: Path,
+    short_retention_cluster: KafkaCluster, spark_jars: list[Path], tmp_path: Path
 ) -> None:
-    # Each mode idles on one and is suspended on the other: 4 pipelines in all, as the
-    # machine's 2 cores run them side by side.
+    cluster = short_retention_cluster
     modes = ["partitioned", "coordinated"]
-    clusters = {"partitioned": short_retention_cluster, "coordinated": short_retention_broker}
-    others = {"partitioned": short_retention_broker, "coordinated": short_retention_cluster}
-    idle = [_pipeline(clusters[m], tmp_path / f"idle-{m}", f"idle-{m[:4]}") for m in modes]
-    suspended = [_pipeline(others[m], tmp_path / f"susp-{m}", f"susp-{m[:4]}") for m in modes]
+    idle = [_pipeline(cluster, tmp_path / f"idle-{m}", f"idle-{m[:4]}") for m in modes]
+    suspended = [_pipeline(cluster, tmp_path / f"susp-{m}", f"susp-{m[:4]}") for m in modes]
     everyone = idle + suspended
     try:
         # Generation 0: the idle ones keep running, the suspended ones process and exit.
@@ -160,7 +154,8 @@ def test_progress_survives_idle_and_suspended_pipelines_past_retention(
         # The status's lag stays truthful while idle: G is there, no phantom lag.
         for pipeline in everyone:
             observed = read_offsets(_access(pipeline), models[pipeline.name], pipeline.group)
-            assert [p.committed for p in observed] == [RECORDS // PARTITIONS] * PARTITIONS
+            expected = [RECORDS // PARTITIONS] * PARTITIONS
+            assert [p.committed for p in observed] == expected, pipeline.work.name
             assert sum(p.lag for p in observed) == 0
 
         # Input after the refreshes (which fenced the producers partitioned tasks keep).
