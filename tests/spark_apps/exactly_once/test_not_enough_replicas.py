@@ -39,7 +39,7 @@ TRANSACTION_TIMEOUT = "2s"
 #: Seconds the node stays down while the pipelines have input to write.
 OUTAGE_S = 15.0
 #: Seconds within which each pipeline writes the outage's input once the node is back
-#: (measured: 1-2 s; 35-42 s when calls inside a transaction retried for a minute whatever its
+#: (measured: 1-6 s; 32-42 s when calls inside a transaction retried for a minute whatever its
 #: timeout).
 RECOVERY_S = 20.0
 RECORDS = 50
