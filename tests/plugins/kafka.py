@@ -19,6 +19,9 @@ Fixtures:
 * ``short_retention_broker`` (session, stopped after its last user): another broker that
   expires a member-less group's committed offsets ``SHORT_RETENTION_S`` (a minute, the least
   Kafka accepts) after their last commit, checking every 2 s.
+* ``short_retention_cluster`` (session, stopped after its last user): a replicated cluster
+  (3 nodes, as ``kafka_cluster``) whose every node expires offsets as
+  ``short_retention_broker`` does (:data:`SHORT_RETENTION`).
 * ``kafka_cluster`` (session): a replicated cluster as production runs it
   (:class:`devenv.kafka_cluster.KafkaCluster`): 3 nodes, each broker and KRaft controller,
   replication factor 3 and ``min.insync.replicas`` 2 for every topic, internal ones included.
@@ -73,6 +76,11 @@ class TopicFactory(Protocol):
 
 #: ``short_retention_broker``'s ``offsets.retention.minutes``, in seconds.
 SHORT_RETENTION_S = 60
+#: The broker settings of that retention, checked for every 2 s.
+SHORT_RETENTION = {
+    "offsets.retention.minutes": str(SHORT_RETENTION_S // 60),
+    "offsets.retention.check.interval.ms": "2000",
+}
 #: ``kafka_cluster``'s ``offsets.retention.minutes`` by node: not Kafka's default (7 days),
 #: and one node's smaller than the others' (the one a keep-alive must go by).
 CLUSTER_RETENTION_MINUTES = {1: 2880, 2: 1440, 3: 2880}
@@ -177,12 +185,17 @@ def kafka_topic(kafka_topic_factory: TopicFactory) -> str:
 @pytest.fixture(scope="session")
 def short_retention_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     """A broker that expires a member-less group's offsets a minute after their last commit."""
-    overrides = {
-        "offsets.retention.minutes": str(SHORT_RETENTION_S // 60),
-        "offsets.retention.check.interval.ms": "2000",
-    }
-    with KafkaBroker(tmp_path_factory.mktemp("retention"), overrides=overrides) as broker:
+    with KafkaBroker(tmp_path_factory.mktemp("retention"), overrides=SHORT_RETENTION) as broker:
         yield broker
+
+
+@pytest.fixture(scope="session")
+def short_retention_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """A 3-node replicated cluster whose nodes expire offsets as ``short_retention_broker``."""
+    with KafkaCluster(
+        tmp_path_factory.mktemp("retention-cluster"), overrides=SHORT_RETENTION
+    ) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,7 @@ import pytest
 COMPONENTS = (
     "control_plane",
     "short_retention_broker",
+    "short_retention_cluster",
     "other_cluster_broker",
     "field_broker",
     "kafka_cluster",
@@ -59,6 +60,7 @@ def stage_of(item: pytest.Item) -> int:
     brokers = {
         "kafka_broker",
         "short_retention_broker",
+        "short_retention_cluster",
         "other_cluster_broker",
         "field_broker",
         "kafka_cluster",

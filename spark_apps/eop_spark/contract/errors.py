@@ -77,6 +77,16 @@ class ProducerFenced(SinkRetryable):
     """Another process initialised our transactional id: our producer is dead."""
 
 
+class BrokerUnavailable(SinkRetryable):
+    """A broker the batch needs stayed away through a call's retries.
+
+    Retriable Kafka errors (a partition without enough in-sync replicas, a leader
+    or coordinator moving, a request timing out) outlasted the call, or its
+    transaction: the batch is retried in place for longer than after other
+    failures (:mod:`eop_spark.exactly_once.retries`).
+    """
+
+
 class TransactionTimedOut(SinkRetryable):
     """A sink transaction outlived the transaction timeout (the broker aborts such a one)."""
 
@@ -158,6 +168,7 @@ _ERRORS_BY_NAME: dict[str, type[EopError]] = {
         EnvironmentNotReady,
         PipelineFailed,
         SinkRetryable,
+        BrokerUnavailable,
         ProducerFenced,
         TransactionTimedOut,
         ProgressConflict,
@@ -175,9 +186,15 @@ def after_transaction(
 
     The broker aborts a transaction older than ``transaction.timeout.ms``; the
     producer then fails with a fencing or epoch error that says nothing of
-    time.  Other errors (configuration, the query, a bug) pass as they are.
+    time.  Other errors (configuration, the query, a bug) pass as they are, and so
+    does :class:`BrokerUnavailable`: a transaction open past its timeout because a
+    broker was away is not too big.
     """
-    if not isinstance(error, SinkRetryable) or open_s * 1000.0 < timeout_ms:
+    if (
+        not isinstance(error, SinkRetryable)
+        or isinstance(error, BrokerUnavailable)
+        or open_s * 1000.0 < timeout_ms
+    ):
         return error
     return TransactionTimedOut(
         f"{what} was open {open_s * 1000.0:.0f} ms, longer than sink.kafka.transactionTimeout "

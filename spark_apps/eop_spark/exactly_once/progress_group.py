@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from eop_spark.contract.errors import PipelineFailed, SinkRetryable
+from eop_spark.contract.errors import BrokerUnavailable, PipelineFailed
 from eop_spark.contract.offsets import Offsets, TopicPartition
 from eop_spark.contract.progress_names import ProgressNames
 from eop_spark.kafka.client_config import EAGER_CONNECTIONS
@@ -129,7 +129,7 @@ class ProgressGroup:
             if time.monotonic() + delay > deadline:
                 # The coordinator is away for longer (a broker restarting): a batch may be
                 # tried again.
-                raise SinkRetryable(
+                raise BrokerUnavailable(
                     f"cannot read progress group {self.group!r} within {timeout:.0f}s: {error}"
                 )
             time.sleep(delay)

@@ -1,7 +1,9 @@
 """A confluent-kafka transactional producer with the error handling its docs prescribe.
 
 * retriable errors (``KafkaError.retriable()``): call the same API again, until the
-  call's timeout; then the batch may be tried again, with a new producer;
+  call's timeout, which for the calls inside a transaction (``send_offsets_to_transaction``,
+  ``commit_transaction``) ends with the transaction's own timeout (the broker aborts it then;
+  see :data:`IN_TRANSACTION_FLOOR_S`); then the batch may be tried again, with a new producer;
 * abortable errors (``txn_requires_abort()``): abort the transaction; the
   producer stays usable and the batch can be tried again;
 * fatal errors (``fatal()``, e.g. fenced by a newer holder of the id): the
@@ -9,7 +11,9 @@
   in turn and aborts whatever was left open).
 
 Failures surface as :class:`~eop_spark.contract.errors.SinkRetryable` (the caller may
-retry the batch), :class:`~eop_spark.contract.errors.ProducerFenced` (a subclass: the
+retry the batch), :class:`~eop_spark.contract.errors.BrokerUnavailable` (a subclass: a
+broker stayed away through the retries; the batch is retried for longer),
+:class:`~eop_spark.contract.errors.ProducerFenced` (a subclass: the
 caller rebuilds the producer first) or :class:`~eop_spark.contract.errors.PipelineFailed`
 (no retry helps: authorization, unknown topic...).
 
@@ -28,7 +32,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, TypeVar
 
-from eop_spark.contract.errors import PipelineFailed, ProducerFenced, SinkRetryable
+from eop_spark.contract.errors import (
+    BrokerUnavailable,
+    PipelineFailed,
+    ProducerFenced,
+    SinkRetryable,
+)
 from eop_spark.contract.offsets import Offsets
 from eop_spark.contract.progress_names import ProgressNames
 
@@ -36,6 +45,14 @@ log = logging.getLogger(__name__)
 
 #: How long one blocking transaction API call may retry retriable errors.
 CALL_TIMEOUT_S = 60.0
+#: The least a call inside a transaction retries, even once the transaction outlived
+#: ``transaction.timeout.ms``: the broker aborts such a transaction only at its next check
+#: (``transaction.abort.timed.out.transaction.cleanup.interval.ms``, 10 s by default), and a
+#: commit it accepted before then completes.  Past this, a broker that is still away (a
+#: partition without enough in-sync replicas, a coordinator moving) costs the batch an
+#: attempt (:mod:`eop_spark.exactly_once.retries`) rather than a minute on a transaction
+#: the broker has aborted.
+IN_TRANSACTION_FLOOR_S = 10.0
 #: How much Arrow data queued records may point into before :meth:`TransactionalProducer.
 #: produce_arrow` waits for them to be delivered and lets go of it.  Copies in librdkafka
 #: would be bounded by ``queue.buffering.max.messages`` (500,000: 500 MB of 1 KiB records).
@@ -104,6 +121,30 @@ def _kafka_error(exc: BaseException) -> Any:
     return args[0] if args else None
 
 
+def _broker_away(error: Any) -> bool:
+    """Whether ``error`` says a broker (a leader, a coordinator, enough replicas) was away.
+
+    Retriable errors, and the abortable ones they leave when records outlive
+    their delivery timeout (``message.timeout.ms``, at most the transaction's).
+    """
+    from confluent_kafka import KafkaError
+
+    return bool(error.retriable()) or error.code() in {
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    }
+
+
 def _is_fenced(error: Any) -> bool:
     from confluent_kafka import KafkaError
 
@@ -131,6 +172,9 @@ class TransactionalProducer:
         from confluent_kafka import Producer
 
         self.transactional_id: str = str(conf["transactional.id"])
+        self._transaction_timeout_s = int(conf.get("transaction.timeout.ms", 60_000)) / 1000.0
+        #: When the open transaction outlives its timeout (time.monotonic()).
+        self._transaction_deadline = 0.0
         self._fatal: Any = None
         self._abandoned = False
         self.in_transaction = False
@@ -180,14 +224,14 @@ class TransactionalProducer:
             self._fatal = error
             raise SinkRetryable(text)
         if error is not None and error.txn_requires_abort():
-            raise SinkRetryable(text)
+            raise BrokerUnavailable(text) if _broker_away(error) else SinkRetryable(text)
         if error is not None and error.retriable():
             # Still retriable at the call's timeout: a broker (a coordinator, a leader) is
             # away for longer, as in a rolling restart on a busy cluster. The batch may be
             # tried again, with a new producer: this one may be midway through the call,
             # and a new one's init_transactions completes or aborts what it left open.
             self._fatal = error
-            raise SinkRetryable(text)
+            raise BrokerUnavailable(text)
         raise PipelineFailed(text)
 
     def _call(self, fn: Callable[[float], T], what: str, timeout: float) -> T:
@@ -229,7 +273,7 @@ class TransactionalProducer:
             text = f"{what} blocked for {timeout + OVERRUN_S:.0f}s, past its timeout"
             self._fatal = KafkaError(KafkaError._TIMED_OUT, text, fatal=True)
             self._abandoned = True
-            raise SinkRetryable(
+            raise BrokerUnavailable(
                 f"{text} (transactional id {self.transactional_id!r}): a new producer takes over"
             )
         ok, value = outcome[0]
@@ -250,6 +294,13 @@ class TransactionalProducer:
         except KafkaException as exc:
             self._raise(_kafka_error(exc), "begin_transaction")
         self.in_transaction = True
+        self._transaction_deadline = time.monotonic() + self._transaction_timeout_s
+
+    def _in_transaction(self, timeout: float) -> float:
+        """``timeout`` cut to what the open transaction has left, :data:`IN_TRANSACTION_FLOOR_S`
+        at the least."""
+        left = self._transaction_deadline - time.monotonic()
+        return min(timeout, max(IN_TRANSACTION_FLOOR_S, left))
 
     def send_offsets(
         self,
@@ -273,6 +324,7 @@ class TransactionalProducer:
         ]
         # librdkafka 2.16 can block in this call past its timeout when G's coordinator went
         # away (confluentinc/librdkafka#5456, #5511): it is bounded here.
+        timeout = self._in_transaction(timeout)
         self._call(
             lambda t: self._bounded(
                 lambda: self._producer.send_offsets_to_transaction(positions, group_metadata, t),
@@ -387,7 +439,7 @@ class TransactionalProducer:
         if self._fatal is not None:
             self._raise(self._fatal, "produce")
         if remaining:
-            raise SinkRetryable(
+            raise BrokerUnavailable(
                 f"{remaining} records of transactional id {self.transactional_id!r} were not "
                 f"delivered within {CALL_TIMEOUT_S:.0f} s"
             )
@@ -400,7 +452,12 @@ class TransactionalProducer:
             self._held_bytes = 0
 
     def commit(self, timeout: float = CALL_TIMEOUT_S) -> None:
-        """Commit the open transaction (flushes queued records first)."""
+        """Commit the open transaction (flushes queued records first).
+
+        Retriable errors are retried until ``timeout`` or the transaction's own timeout,
+        whichever comes first (see :data:`IN_TRANSACTION_FLOOR_S`).
+        """
+        timeout = self._in_transaction(timeout)
         self._call(lambda t: self._producer.commit_transaction(t), "commit_transaction", timeout)
         self.in_transaction = False
         self._let_go()

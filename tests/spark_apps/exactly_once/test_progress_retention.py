@@ -1,15 +1,20 @@
-"""Progress that outlives the broker's offsets retention (invariant 6), on a real broker.
+"""Progress that outlives the broker's offsets retention (invariant 6), on real brokers.
 
-A broker of its own with ``offsets.retention.minutes=1`` expires the progress
-group's offsets a minute after their last commit.  Four pipelines process
-their input, then stay idle past the retention side by side: two with their
-runner up and idle (partitioned and coordinated: the runner's keep-alive; more
-input after the refreshes is processed once),
-two suspended (no runner: the operator's keep-alive function, called as its
-health daemon does).  Then every one starts a new checkpoint generation,
-which resumes from the progress group: exactly once, nothing repeated.
-Without the keep-alive the new generations find no progress and stop (or,
-without that guard too, repeat all their input, as issue 27 measured).
+A replicated cluster of its own (3 nodes, each with
+``offsets.retention.minutes=1``) expires the progress group's offsets a minute
+after their last commit, on whichever node is the group's coordinator.  Four
+pipelines process their input, then stay idle past the retention side by side:
+two with their runner up and idle (partitioned and coordinated: the runner's
+keep-alive, at an interval from the retention it reads from every broker, one
+call per broker: librdkafka refuses several in one, and the keep-alive then
+fell back to an hourly refresh; more input after the refreshes is processed
+once), two suspended (no runner: the operator's keep-alive function, called as
+its health daemon does; ``tests/integration/test_health.py`` runs the daemon
+itself against a single broker).  Then every one starts a new checkpoint
+generation, which resumes from the progress group: exactly once, nothing
+repeated.  Without the keep-alive the new generations find no progress and
+stop (or, without that guard too, repeat all their input, as issue 27
+measured).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from devenv.kafka import KafkaBroker
+from devenv.kafka_cluster import KafkaCluster
 from devenv.runners import Pipeline, Runner, produce
 from eop_operator.api.load import load_pipeline
 from eop_operator.api.models import ExactlyOncePipeline
@@ -40,7 +45,7 @@ RECORDS = 300
 PARTITIONS = 3
 
 
-def _pipeline(broker: KafkaBroker, work: Path, name: str) -> Pipeline:
+def _pipeline(broker: KafkaCluster, work: Path, name: str) -> Pipeline:
     source, sink = f"in-{name}", f"out-{name}"
     broker.create_topic(source, PARTITIONS)
     broker.create_topic(sink, PARTITIONS)
@@ -86,22 +91,28 @@ def _config(pipeline: Pipeline, mode: str, **trigger: Any) -> dict[str, Any]:
 class Refresher(threading.Thread):
     """Calls the operator's keep-alive for suspended pipelines every retention / 4."""
 
-    def __init__(self, access: KafkaAccess, pipelines: list[ExactlyOncePipeline]) -> None:
+    def __init__(self, pipelines: list[tuple[KafkaAccess, ExactlyOncePipeline]]) -> None:
         super().__init__(name="operator-keep-alive", daemon=True)
-        self.access, self.pipelines = access, pipelines
+        self.pipelines = pipelines
         self.stopped = threading.Event()
         #: How many partitions each refresh re-committed.
         self.refreshed: list[int] = []
 
     def run(self) -> None:
         while not self.stopped.is_set():
-            for pipeline in self.pipelines:
-                self.refreshed.append(len(refresh_suspended_progress(self.access, pipeline)))
+            for access, pipeline in self.pipelines:
+                self.refreshed.append(len(refresh_suspended_progress(access, pipeline)))
             self.stopped.wait(RETENTION_S / 4)
 
     def stop(self) -> None:
         self.stopped.set()
         self.join(60)
+
+
+def _access(pipeline: Pipeline) -> KafkaAccess:
+    """The operator's access to the pipeline's cluster (source and sink)."""
+    config = pipeline.broker.client_config()
+    return KafkaAccess(source=config, sink=config)
 
 
 def _wait_caught_up(pipelines: list[Pipeline], runners: list[Runner], timeout: float) -> None:
@@ -114,12 +125,12 @@ def _wait_caught_up(pipelines: list[Pipeline], runners: list[Runner], timeout: f
 
 
 def test_progress_survives_idle_and_suspended_pipelines_past_retention(
-    short_retention_broker: KafkaBroker, spark_jars: list[Path], tmp_path: Path
+    short_retention_cluster: KafkaCluster, spark_jars: list[Path], tmp_path: Path
 ) -> None:
-    broker = short_retention_broker
+    cluster = short_retention_cluster
     modes = ["partitioned", "coordinated"]
-    idle = [_pipeline(broker, tmp_path / f"idle-{m}", f"idle-{m[:4]}") for m in modes]
-    suspended = [_pipeline(broker, tmp_path / f"susp-{m}", f"susp-{m[:4]}") for m in modes]
+    idle = [_pipeline(cluster, tmp_path / f"idle-{m}", f"idle-{m[:4]}") for m in modes]
+    suspended = [_pipeline(cluster, tmp_path / f"susp-{m}", f"susp-{m[:4]}") for m in modes]
     everyone = idle + suspended
     try:
         # Generation 0: the idle ones keep running, the suspended ones process and exit.
@@ -129,11 +140,10 @@ def test_progress_survives_idle_and_suspended_pipelines_past_retention(
         ]
         for runner in finished:
             assert runner.wait(240) == 0, runner.tail()
-        access = KafkaAccess(source=broker.client_config(), sink=broker.client_config())
         models = {p.name: _model(p, m) for p, m in zip(idle + suspended, modes * 2, strict=True)}
         # No runner for the suspended ones: the operator's function refreshes them as often
         # as its daemon would (retention / 4) until their new generation starts.
-        operator = Refresher(access, [models[p.name] for p in suspended])
+        operator = Refresher([(_access(p), models[p.name]) for p in suspended])
         operator.start()
         _wait_caught_up(everyone, runners, 240)
         time.sleep(IDLE_S)  # past the retention
@@ -143,15 +153,16 @@ def test_progress_survives_idle_and_suspended_pipelines_past_retention(
 
         # The status's lag stays truthful while idle: G is there, no phantom lag.
         for pipeline in everyone:
-            observed = read_offsets(access, models[pipeline.name], pipeline.group)
-            assert [p.committed for p in observed] == [RECORDS // PARTITIONS] * PARTITIONS
+            observed = read_offsets(_access(pipeline), models[pipeline.name], pipeline.group)
+            expected = [RECORDS // PARTITIONS] * PARTITIONS
+            assert [p.committed for p in observed] == expected, pipeline.work.name
             assert sum(p.lag for p in observed) == 0
 
         # Input after the refreshes (which fenced the producers partitioned tasks keep).
         for pipeline in idle:
             name = pipeline.source_topic.removeprefix("in-")
             late = [(f"{name}-{i}", f"v{i}", i % PARTITIONS) for i in range(RECORDS, 2 * RECORDS)]
-            produce(broker, pipeline.source_topic, late)
+            produce(pipeline.broker, pipeline.source_topic, late)
         _wait_caught_up(idle, runners, 120)
         for runner in runners:
             runner.terminate()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from eop_spark.contract.errors import (
+    BrokerUnavailable,
     ConfigError,
     PipelineFailed,
     ProducerFenced,
@@ -49,6 +50,17 @@ def test_failures_within_the_timeout_or_not_the_sinks_pass_as_they_are() -> None
     assert after_transaction(config, "t", 5.0, 1000) is config
     bug = RuntimeError("an error of the query")
     assert after_transaction(bug, "t", 5.0, 1000) is bug
+
+
+def test_a_transaction_a_broker_kept_open_is_not_called_too_big() -> None:
+    """Retriable errors (not enough in-sync replicas) kept the transaction open past its
+    timeout: advising smaller batches would send the user the wrong way."""
+    away = BrokerUnavailable("commit_transaction failed: NOT_ENOUGH_REPLICAS")
+    assert after_transaction(away, "the transaction of eop.p.driver", 30.0, 2000) is away
+    jvm = JVM_TASK_FAILURE.replace(
+        "TransactionTimedOut: the transaction", "BrokerUnavailable: the transaction"
+    )
+    assert isinstance(from_failure(RuntimeError(jvm)), BrokerUnavailable)
 
 
 def test_the_jvm_writers_timeout_failure_keeps_its_class_on_the_driver() -> None:

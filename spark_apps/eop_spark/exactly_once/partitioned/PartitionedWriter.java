@@ -50,6 +50,7 @@ import org.apache.kafka.common.errors.AuthenticationException;
 import org.apache.kafka.common.errors.AuthorizationException;
 import org.apache.kafka.common.errors.InvalidProducerEpochException;
 import org.apache.kafka.common.errors.ProducerFencedException;
+import org.apache.kafka.common.errors.RetriableException;
 import org.apache.kafka.common.errors.UnsupportedVersionException;
 import org.apache.kafka.common.header.Header;
 import org.apache.kafka.common.header.internals.RecordHeader;
@@ -77,9 +78,10 @@ public final class PartitionedWriter {
   static final String SOURCE_PARTITION = "__eop_src_partition";
   static final String SOURCE_OFFSET = "__eop_src_offset";
   static final int ATTEMPTS = 3;
-  /** The eop_spark.contract.errors class of a transaction that outlived its timeout; prefix. */
+  /** The eop_spark.contract.errors class of a transaction that outlived its timeout. */
   static final String TIMED_OUT_KIND = "TransactionTimedOut";
-  static final String TIMED_OUT = "eop_spark.contract.errors." + TIMED_OUT_KIND + ": ";
+  /** The eop_spark.contract.errors class of retriable errors that outlasted a call. */
+  static final String BROKER_AWAY_KIND = "BrokerUnavailable";
   /** Appended to the batch's marker for an intermediate commit (see commitSoFar). */
   static final String PARTIAL = ":partial";
   /** A transaction lives at most this share of transaction.timeout.ms before a task commits. */
@@ -479,7 +481,7 @@ public final class PartitionedWriter {
         } catch (RuntimeException e) {
           TaskFailure failure = failure(e, "the transaction of " + id, progress.openedAt, settings);
           abort(slot, held);
-          if (failure.getMessage().startsWith(TIMED_OUT)) {
+          if (System.nanoTime() - progress.openedAt >= settings.timeoutMs * 1_000_000L) {
             discard(slot); // the broker bumped the id's epoch when it aborted the transaction
           }
           throw failure;
@@ -709,8 +711,8 @@ public final class PartitionedWriter {
   static TaskFailure failure(RuntimeException e, String what, long openedAt, Settings settings) {
     long openMs = (System.nanoTime() - openedAt) / 1_000_000L;
     long timeoutMs = settings.timeoutMs;
-    if (!(e instanceof KafkaException) || openMs < timeoutMs) {
-      return failure(e, what);
+    if (!(e instanceof KafkaException) || openMs < timeoutMs || brokerAway(e)) {
+      return failure(e, what); // a broker away kept it open: the batch is not too big
     }
     return new TaskFailure(
         TIMED_OUT_KIND,
@@ -732,7 +734,22 @@ public final class PartitionedWriter {
             || e instanceof AuthenticationException
             || e instanceof UnsupportedVersionException
             || !(e instanceof KafkaException);
-    return new TaskFailure(fatal ? "PipelineFailed" : "SinkRetryable", reason, e);
+    String kind = fatal ? "PipelineFailed" : brokerAway(e) ? BROKER_AWAY_KIND : "SinkRetryable";
+    return new TaskFailure(kind, reason, e);
+  }
+
+  /**
+   * Whether ``e`` or a cause is a retriable Kafka error (not enough in-sync replicas, a leader
+   * or coordinator away, a timeout): a broker stayed away through the client's retries, and
+   * the batch is retried for longer (eop_spark.exactly_once.retries).
+   */
+  static boolean brokerAway(Throwable e) {
+    for (Throwable t = e; t != null; t = t.getCause() == t ? null : t.getCause()) {
+      if (t instanceof RetriableException) {
+        return true;
+      }
+    }
+    return false;
   }
 
   static String outcome(TopicPartition tp, String status, long rows, double ms, int fenced) {
