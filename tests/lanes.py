@@ -72,6 +72,16 @@ def main(argv: list[str], root: Path = REPO) -> int:
     began = time.monotonic()
     procs: dict[str, subprocess.Popen[bytes]] = {}
     pumps = []
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)  # pytest tears down on SIGINT
+
+    # Before the lanes start: a lane inherits an ignored SIGINT (as a background job of a
+    # shell has it) but not a handler, so with ours in place each lane's pytest has Python's.
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
     for lane in LANES:
         proc = subprocess.Popen(
             _command(lane, out, argv),
@@ -86,13 +96,6 @@ def main(argv: list[str], root: Path = REPO) -> int:
         pump.start()
         pumps.append(pump)
 
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGINT)  # pytest tears down on SIGINT
-
-    signal.signal(signal.SIGINT, forward)
-    signal.signal(signal.SIGTERM, forward)
     codes = {lane: proc.wait() for lane, proc in procs.items()}
     for pump in pumps:
         pump.join()

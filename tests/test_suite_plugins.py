@@ -4,6 +4,11 @@ a slow run. Each runs a small pytest session of its own (pytest's ``pytester``).
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -208,3 +213,43 @@ def test_lanes_run_side_by_side_each_its_modules_and_a_failure_in_one_fails_the_
     # A selection in one lane only leaves the other with nothing to run: no failure.
     monkeypatch.delenv("FAIL_CLUSTER")
     assert lanes.main(["-q", "test_data_side.py"], root=pytester.path) == 0
+
+
+_LONG = """
+import time
+
+def test_long():
+    open("started", "w").close()
+    time.sleep(60)
+
+def test_after():
+    pass
+"""
+
+
+def test_interrupting_the_lanes_stops_both_even_as_a_background_job(
+    pytester: pytest.Pytester, pytestconfig: pytest.Config
+) -> None:
+    """A background job of a non-interactive shell (CI's) starts with SIGINT ignored; the
+    lanes' pytest processes must still stop at the SIGINT (or SIGTERM) the lanes pass on."""
+    pytester.makeconftest('pytest_plugins = ["tests.plugins.lifetimes"]')
+    pytester.makepyfile(test_long=_LONG)
+    env = {**os.environ, "PYTHONPATH": str(pytestconfig.rootpath)}
+    root = str(pytester.path)
+    main = f"from tests import lanes; raise SystemExit(lanes.main(['-q'], root=Path({root!r})))"
+    run = subprocess.Popen(
+        [sys.executable, "-c", "from pathlib import Path\n" + main],
+        cwd=pytester.path,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (pytester.path / "started").exists():
+            assert time.monotonic() < deadline, "the test never started"
+            time.sleep(0.1)
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(20) != 0  # within seconds, failed
+    finally:
+        run.kill()
+    assert "test_after" not in (pytester.path / ".eop" / "suite" / "data.log").read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import uuid
 import warnings
@@ -19,6 +20,19 @@ from eop_spark.runtime.class_archive_training import ensure_archive
 from tests.plugins.kafka import TopicFactory
 
 PipelineFactory = Callable[..., Pipeline]
+
+#: The SIGINT handler before any test ran (Python's: Ctrl-C raises KeyboardInterrupt).
+_SIGINT_HANDLER = signal.getsignal(signal.SIGINT)
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_stops_the_run() -> Iterator[None]:
+    """Put back the SIGINT handler after each test: a SparkContext in the test process (the
+    tests' own sessions) installs one that cancels its jobs first, and once that context is
+    stopped the handler fails and the KeyboardInterrupt never comes, so an interrupted run
+    (Ctrl-C, or ``tests.lanes`` passing on a SIGTERM) would go on with its next test."""
+    yield
+    signal.signal(signal.SIGINT, _SIGINT_HANDLER)
 
 
 @pytest.fixture(scope="session")
