@@ -83,8 +83,12 @@ def test_deleting_a_served_namespace_with_pipelines_does_not_hang(
         assert GUARD in _finalizers(cp, kind, name, ns), f"{kind}/{name}"
 
     cp.kubectl("delete", "namespace", ns, "--wait=false", check=True)
-    wait_for(
-        lambda: cp.kubectl("get", "namespace", ns).returncode != 0,
-        "the namespace to be gone",
-        timeout=60,
-    )
+    try:
+        wait_for(
+            lambda: cp.kubectl("get", "namespace", ns).returncode != 0,
+            "the namespace to be gone",
+            timeout=60,
+        )
+    except AssertionError as exc:
+        left = cp.kubectl("get", "namespace", ns, "-o", "jsonpath={.status}").stdout
+        raise AssertionError(f"{exc}\nthe namespace's status: {left}") from None

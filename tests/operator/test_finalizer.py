@@ -89,3 +89,36 @@ def test_the_finalizer_releases_only_the_pipelines_own_reference() -> None:
     patch = release_patch(claim, "uid-1")
     assert patch == {"metadata": {"ownerReferences": [backup], "resourceVersion": "7"}}
     assert release_patch({"metadata": {"ownerReferences": [backup]}}, "uid-1") is None
+
+
+class _ChangingClaim(_Cluster):
+    """A retained claim that changes under the finalizer ``conflicts`` times (HTTP 409), as its
+    protection finalizer or a namespace being deleted change it."""
+
+    def __init__(self, objects: dict[tuple[str, str], dict[str, Any]], conflicts: int) -> None:
+        super().__init__(objects)
+        self.conflicts = conflicts
+
+    async def patch(
+        self, api_version: str, kind: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> dict[str, Any]:
+        if self.conflicts:
+            self.conflicts -= 1
+            raise KubeError(409, f'Operation cannot be fulfilled on {kind} "{name}"')
+        self.objects[(kind, name)]["metadata"].update(patch["metadata"])
+        return self.objects[(kind, name)]
+
+
+def test_a_retained_claim_that_changes_meanwhile_is_released_at_once(
+    manifest: dict[str, Any],
+) -> None:
+    """A conflict is read again and retried now: kopf's own retry would come a minute later,
+    and the namespace being deleted would wait for it."""
+    name, uid = manifest["metadata"]["name"], "uid-1"
+    body = {**manifest, "metadata": {**manifest["metadata"], "namespace": "ns", "uid": uid}}
+    claim = {"metadata": {"ownerReferences": [{"uid": uid}], "resourceVersion": "7"}}
+    cluster = _ChangingClaim({("PersistentVolumeClaim", f"{name}-checkpoint"): claim}, 2)
+    _finalize(cluster, body)
+    assert claim["metadata"]["ownerReferences"] is None
+    (event,) = cluster.events
+    assert event["reason"] == "CheckpointRetained"

@@ -62,6 +62,11 @@ def release_patch(obj: Mapping[str, Any], pipeline_uid: str) -> dict[str, Any] |
     }
 
 
+#: Reads and patches of a retained claim that changes meanwhile (HTTP 409) before giving up.
+RELEASE_ATTEMPTS = 5
+HTTP_CONFLICT = 409
+
+
 async def honour_retention(context: Context, body: Mapping[str, Any]) -> None:
     """Honour the checkpoint retention policy before the garbage collector runs, valid or not."""
     claim, retain = checkpoint_on_delete(plain(body))
@@ -79,11 +84,20 @@ async def honour_retention(context: Context, body: Mapping[str, Any]) -> None:
         return
     client = context.client
     namespace = str(body["metadata"]["namespace"])
-    found = await client.get("v1", "PersistentVolumeClaim", namespace, claim)
-    patch = None if found is None else release_patch(found, str(body["metadata"].get("uid")))
-    if patch is not None:
-        # Without the pipeline as owner the garbage collector leaves the claim alone.
-        await client.patch("v1", "PersistentVolumeClaim", namespace, claim, patch)
+    for attempt in range(1, RELEASE_ATTEMPTS + 1):
+        found = await client.get("v1", "PersistentVolumeClaim", namespace, claim)
+        patch = None if found is None else release_patch(found, str(body["metadata"].get("uid")))
+        if patch is None:
+            break
+        try:
+            # Without the pipeline as owner the garbage collector leaves the claim alone.
+            await client.patch("v1", "PersistentVolumeClaim", namespace, claim, patch)
+            break
+        except KubeError as exc:
+            # The claim changed since it was read (its protection finalizer, a namespace
+            # being deleted): read it again now, not at kopf's next try a minute later.
+            if exc.status != HTTP_CONFLICT or attempt == RELEASE_ATTEMPTS:
+                raise
     await post_event(
         client,
         body,
