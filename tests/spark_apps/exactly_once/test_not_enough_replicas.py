@@ -27,7 +27,7 @@ from devenv.kafka_cluster import KafkaCluster
 from devenv.runners import Pipeline, produce
 from tests.spark_apps.runs import assert_exactly_once
 
-pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 
 #: commitMode and the runner's environment of each pipeline.
 PATHS: dict[str, tuple[str, dict[str, str]]] = {
