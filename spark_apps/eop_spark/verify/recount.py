@@ -1,0 +1,237 @@
+"""The recount: the pipeline's transform as a Spark batch job, compared with the sink.
+
+:func:`verify` reads the input range with Spark's Kafka *batch* reader
+(``startingOffsets``/``endingOffsets``, ``read_committed``, as the pipeline's
+source reads), applies the pipeline's own transform to it, and reads the sink
+range with the same reader.  Both sides are grouped by (key, value) in Spark
+and joined; only the groups whose counts differ reach the driver, where
+:class:`~eop_spark.verify.report.Tally` counts them.  So a clean check of any
+size moves no record to the driver.
+
+Spark's Kafka reader assigns partitions and never commits offsets: nothing is
+written to the pipeline's topics or groups.  Keys and values are compared as
+bytes (a string column as its UTF-8 bytes); headers and the target partition
+are not compared.
+
+Stateful queries (aggregations, windows, deduplication, joins) are refused for
+now: a batch recount holds windows a streaming run has not closed yet.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, TextIO
+
+from eop_spark.contract.errors import ConfigError, EopError, from_failure
+from eop_spark.contract.offsets import to_spark_json
+from eop_spark.contract.run_config import RunConfig
+from eop_spark.exactly_once.sink_contract import SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC
+from eop_spark.kafka.client_config import (
+    java_client_properties,
+    sink_java_config,
+    spark_source_options,
+)
+from eop_spark.query.state_guards import stateful_operators
+from eop_spark.query.transform import Transformed, apply_transform
+from eop_spark.runtime.jars import connector_jars
+from eop_spark.runtime.session import build_session
+from eop_spark.verify.ranges import Cut, RangeOptions, resolve_cut, spark_assign
+from eop_spark.verify.report import EXAMPLES, Group, Range, Report, Tally
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, Row, SparkSession
+
+#: Options of Spark's source that choose partitions or batch sizes: the verify sets its own.
+_STREAM_ONLY = ("subscribe", "subscribePattern", "assign", "maxOffsetsPerTrigger")
+#: Consumer settings Spark's Kafka reader refuses (it sets them itself).
+_SPARK_SETS = (
+    "auto.offset.reset",
+    "enable.auto.commit",
+    "key.deserializer",
+    "value.deserializer",
+    "interceptor.classes",
+)
+
+
+def verify(
+    config: RunConfig, options: RangeOptions | None = None, *, spark: SparkSession | None = None
+) -> Report:
+    """Recompute ``config``'s output over its committed input and compare it with the sink.
+
+    ``spark``: a session to use (one is started from ``config.spark`` otherwise).
+    Raises :class:`~eop_spark.contract.errors.EopError` when the check cannot run.
+    """
+    cut = resolve_cut(config, options or RangeOptions())
+    if spark is None:
+        spark = build_session(config, connector_jars())
+    source = read_range(spark, source_options(config), cut.source).persist()
+    try:
+        transformed = apply_transform(spark, source, config.transform)
+        refuse_stateful(transformed.df)
+        joined = compare(expected_groups(transformed), found_groups(spark, config, cut)).persist()
+        try:
+            records_in = source.count()
+            totals = joined.groupBy().sum("expected", "found").first()
+            differing = joined.where("expected <> found").toLocalIterator()
+            tally = Tally.of(_group(row) for row in differing)
+        finally:
+            joined.unpersist()
+    finally:
+        source.unpersist()
+    return Report(
+        pipeline=config.pipeline,
+        source=cut.source,
+        sink_topic=config.sink.kafka.topic,
+        sink=cut.sink,
+        records_in=records_in,
+        expected_out=int((totals[0] if totals else 0) or 0),
+        found=int((totals[1] if totals else 0) or 0),
+        tally=tally,
+    )
+
+
+def run_verify(
+    config: RunConfig,
+    options: RangeOptions | None = None,
+    *,
+    spark: SparkSession | None = None,
+    out: TextIO | None = None,
+) -> int:
+    """``eop verify``: print the report on ``out`` (stdout); the exit code.
+
+    0 when the sink holds exactly the recomputed output, 7 when it does not
+    (:data:`~eop_spark.contract.errors.EXIT_DISCREPANCIES`), the runner's
+    codes when the check cannot run (one ``eop: error:`` line on stderr).
+    """
+    try:
+        try:
+            report = verify(config, options, spark=spark)
+        except EopError:
+            raise
+        except Exception as exc:  # a Spark job failed: its first useful line
+            raise from_failure(exc) from exc
+    except EopError as error:
+        print(f"eop: error: {error.message}", file=sys.stderr, flush=True)
+        return error.exit_code
+    print(report.render(), file=out or sys.stdout, flush=True)
+    return report.exit_code
+
+
+def source_options(config: RunConfig) -> dict[str, str]:
+    """Spark's Kafka reader of the source, as the pipeline reads it, without its stream options."""
+    options = spark_source_options(config)
+    return {k: v for k, v in options.items() if k not in _STREAM_ONLY}
+
+
+def sink_options(config: RunConfig) -> dict[str, str]:
+    """Spark's Kafka reader of the sink topic: the sink's client settings, ``read_committed``."""
+    properties = java_client_properties(sink_java_config(config))
+    options = {f"kafka.{k}": v for k, v in properties.items() if k not in _SPARK_SETS}
+    return options | {
+        "kafka.isolation.level": "read_committed",
+        "failOnDataLoss": "true",
+        "includeHeaders": "false",
+    }
+
+
+def read_range(spark: SparkSession, options: dict[str, str], where: Range) -> DataFrame:
+    """The records of ``where`` (offsets ``[start, end)`` per partition) as a batch DataFrame."""
+    partitions = sorted(where.end)
+    return (
+        spark.read.format("kafka")
+        .options(**options)
+        .option("assign", spark_assign(partitions))
+        .option("startingOffsets", to_spark_json({tp: where.start[tp] for tp in partitions}))
+        .option("endingOffsets", to_spark_json(where.end))
+        .load()
+    )
+
+
+def refuse_stateful(df: DataFrame) -> None:
+    """Refuse a query that keeps state: its batch recount is not what a stream emits."""
+    analyzed = str(df._jdf.queryExecution().analyzed().toString())
+    operators = stateful_operators(analyzed)
+    if operators:
+        raise ConfigError(
+            f"eop verify checks record-wise pipelines; this query keeps state "
+            f"({', '.join(operators)}), which it cannot verify yet"
+        )
+
+
+def _coordinates(topic: Column | str, partition: str, offset: str) -> Column:
+    from pyspark.sql import functions as F
+
+    topic_column = F.lit(topic) if isinstance(topic, str) else topic
+    return F.format_string("%s-%d@%d", topic_column, F.col(partition), F.col(offset))
+
+
+def _grouped(df: DataFrame, at: Column) -> DataFrame:
+    """(key, value, n, at): how many records of each (key, value), and where a few are."""
+    from pyspark.sql import functions as F
+
+    return df.groupBy("key", "value").agg(
+        F.count(F.lit(1)).alias("n"), F.slice(F.collect_list(at), 1, EXAMPLES).alias("at")
+    )
+
+
+def expected_groups(transformed: Transformed) -> DataFrame:
+    """The recomputed output by (key, value), with the input coordinates when kept."""
+    from pyspark.sql import functions as F
+
+    df = transformed.df
+    key = F.col("key").cast("binary") if transformed.layout.has_key else F.lit(None)
+    at = (
+        _coordinates(F.col(SOURCE_TOPIC), SOURCE_PARTITION, SOURCE_OFFSET)
+        if transformed.provenance
+        else F.lit(None).cast("string")
+    )
+    output = df.select(
+        key.cast("binary").alias("key"),
+        F.col("value").cast("binary").alias("value"),
+        at.alias("at"),
+    )
+    return _grouped(output, F.col("at"))
+
+
+def found_groups(spark: SparkSession, config: RunConfig, cut: Cut) -> DataFrame:
+    """What a ``read_committed`` reader finds in the sink range, by (key, value)."""
+    from pyspark.sql import functions as F
+
+    sink = read_range(spark, sink_options(config), cut.sink)
+    return _grouped(sink, _coordinates(F.col("topic"), "partition", "offset"))
+
+
+def compare(expected: DataFrame, found: DataFrame) -> DataFrame:
+    """(key, value, expected, found, expected_at, found_at) for every (key, value) of either.
+
+    Keys and values match null-safely (a record without a key is a record too).
+    """
+    from pyspark.sql import functions as F
+
+    e, f = expected.alias("e"), found.alias("f")
+    same = F.col("e.key").eqNullSafe(F.col("f.key")) & F.col("e.value").eqNullSafe(F.col("f.value"))
+    return e.join(f, same, "full_outer").select(
+        F.when(F.col("e.n").isNotNull(), F.col("e.key")).otherwise(F.col("f.key")).alias("key"),
+        F.when(F.col("e.n").isNotNull(), F.col("e.value"))
+        .otherwise(F.col("f.value"))
+        .alias("value"),
+        F.coalesce(F.col("e.n"), F.lit(0)).alias("expected"),
+        F.coalesce(F.col("f.n"), F.lit(0)).alias("found"),
+        F.col("e.at").alias("expected_at"),
+        F.col("f.at").alias("found_at"),
+    )
+
+
+def _bytes(value: bytes | bytearray | None) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
+def _group(row: Row) -> Group:
+    return Group(
+        key=_bytes(row["key"]),
+        value=_bytes(row["value"]),
+        expected=int(row["expected"]),
+        found=int(row["found"]),
+        expected_at=tuple(row["expected_at"] or ()),
+        found_at=tuple(row["found_at"] or ()),
+    )
