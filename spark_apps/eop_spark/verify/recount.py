@@ -13,18 +13,29 @@ written to the pipeline's topics or groups.  Keys and values are compared as
 bytes (a string column as its UTF-8 bytes); headers and the target partition
 are not compared.
 
-Stateful queries (aggregations, windows, deduplication, joins) are refused for
-now: a batch recount holds windows a streaming run has not closed yet.
+A stateful query in output mode ``append`` (a window closed by a watermark) is
+recounted by Spark's streaming engine instead (:func:`streamed_recount`): the
+same transform over the same input range, run to its end with
+``trigger.availableNow``, emits each window the watermark closed once, as the
+pipeline must have.  Output modes ``update`` and ``complete`` are refused for now.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
+import shutil
 import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, TextIO
 
 from eop_spark.contract.errors import ConfigError, EopError, from_failure
 from eop_spark.contract.offsets import to_spark_json
-from eop_spark.contract.run_config import RunConfig
+from eop_spark.contract.run_config import SCRATCH_ENV, RunConfig
+from eop_spark.contract.spec import OutputMode
 from eop_spark.exactly_once.sink_contract import SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC
 from eop_spark.kafka.client_config import (
     java_client_properties,
@@ -63,19 +74,33 @@ def verify(
     """
     cut = resolve_cut(config, options or RangeOptions())
     if spark is None:
+        # Never empty the scratch directory of a driver this may run next to (the session
+        # empties $EOP_SCRATCH_DIR, which belongs to the driver process of its pod).
+        os.environ.pop(SCRATCH_ENV, None)
         spark = build_session(config, connector_jars())
     source = read_range(spark, source_options(config), cut.source).persist()
     try:
         transformed = apply_transform(spark, source, config.transform)
-        refuse_stateful(transformed.df)
-        joined = compare(expected_groups(transformed), found_groups(spark, config, cut)).persist()
-        try:
-            records_in = source.count()
-            totals = joined.groupBy().sum("expected", "found").first()
-            differing = joined.where("expected <> found").toLocalIterator()
-            tally = Tally.of(_group(row) for row in differing)
-        finally:
-            joined.unpersist()
+        analyzed = transformed.df._jdf.queryExecution().analyzed().toString()
+        stateful = stateful_operators(str(analyzed))
+        with contextlib.ExitStack() as stack:
+            if stateful:
+                recount = stack.enter_context(streamed_recount(spark, config, cut, stateful))
+                how = (
+                    f"stateful ({', '.join(stateful)}, output mode append): the windows the "
+                    "watermark closed by the end of the input range"
+                )
+            else:
+                recount = transformed
+                how = "record-wise: every output record of the input range"
+            joined = compare(expected_groups(recount), found_groups(spark, config, cut)).persist()
+            try:
+                records_in = source.count()
+                totals = joined.groupBy().sum("expected", "found").first()
+                differing = joined.where("expected <> found").toLocalIterator()
+                tally = Tally.of(_group(row) for row in differing)
+            finally:
+                joined.unpersist()
     finally:
         source.unpersist()
     return Report(
@@ -87,6 +112,7 @@ def verify(
         expected_out=int((totals[0] if totals else 0) or 0),
         found=int((totals[1] if totals else 0) or 0),
         tally=tally,
+        recount=how,
     )
 
 
@@ -147,15 +173,55 @@ def read_range(spark: SparkSession, options: dict[str, str], where: Range) -> Da
     )
 
 
-def refuse_stateful(df: DataFrame) -> None:
-    """Refuse a query that keeps state: its batch recount is not what a stream emits."""
-    analyzed = str(df._jdf.queryExecution().analyzed().toString())
-    operators = stateful_operators(analyzed)
-    if operators:
+@contextlib.contextmanager
+def streamed_recount(
+    spark: SparkSession, config: RunConfig, cut: Cut, stateful: list[str]
+) -> Iterator[Transformed]:
+    """The output of a stateful query over the input range, as Spark's streaming engine emits it.
+
+    The source is read as a stream from the range's start and every record at
+    or past its end is dropped before the transform, which then runs to the
+    end of its input (``trigger.availableNow``) into a memory table: what it
+    emits in output mode append is each window the watermark closed, once.
+    Yields the output as the runner's :class:`Transformed` (no provenance).
+    """
+    if config.transform.output_mode != OutputMode.APPEND:
         raise ConfigError(
-            f"eop verify checks record-wise pipelines; this query keeps state "
-            f"({', '.join(operators)}), which it cannot verify yet"
+            f"eop verify checks stateful queries ({', '.join(stateful)}) in output mode append "
+            f"only; transform.outputMode is {config.transform.output_mode.value}"
         )
+    from pyspark.sql import functions as F
+
+    partitions = sorted(cut.source.end)
+    stream = (
+        spark.readStream.format("kafka")
+        .options(**source_options(config))
+        .option("assign", spark_assign(partitions))
+        .option("startingOffsets", to_spark_json({tp: cut.source.start[tp] for tp in partitions}))
+        .load()
+    )
+    in_range = [
+        (F.col("topic") == topic) & (F.col("partition") == partition) & (F.col("offset") < end)
+        for (topic, partition), end in sorted(cut.source.end.items())
+    ]
+    bounded = stream.where(functools.reduce(lambda a, b: a | b, in_range, F.lit(False)))
+    transformed = apply_transform(spark, bounded, config.transform)
+    name = f"eop_verify_{uuid.uuid4().hex}"
+    checkpoint = tempfile.mkdtemp(prefix="eop-verify-")
+    try:
+        query = (
+            transformed.df.writeStream.format("memory")
+            .queryName(name)
+            .outputMode("append")
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()  # raises the query's failure
+        yield Transformed(spark.table(name), transformed.layout, False, "")
+    finally:
+        spark.catalog.dropTempView(name)
+        shutil.rmtree(checkpoint, ignore_errors=True)
 
 
 def _coordinates(topic: Column | str, partition: str, offset: str) -> Column:

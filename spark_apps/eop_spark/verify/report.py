@@ -109,6 +109,8 @@ class Report:
     expected_out: int
     found: int
     tally: Tally
+    #: What the recount expects of the sink (record-wise, or windows closed).
+    recount: str = "record-wise"
 
     @property
     def exit_code(self) -> int:
@@ -123,6 +125,7 @@ class Report:
             f"input   {_range_line(self.source)}",
             f"        ({self.source.why})",
             f"sink    {self.sink_topic}: {_range_line(self.sink)}, read_committed",
+            f"recount {self.recount}",
             "",
             f"  records in      {self.records_in:>12,}",
             f"  expected out    {self.expected_out:>12,}",
