@@ -123,16 +123,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Recompute a pipeline's output from its committed input and compare it with the sink."""
+    from eop_spark.contract.errors import ConfigError
     from eop_spark.verify.ranges import RangeOptions
     from eop_spark.verify.recount import run_verify
 
     try:
+        options = RangeOptions(
+            source_from=args.from_offsets,
+            source_to=args.to_offsets,
+            sink_from=args.sink_from_offsets,
+        )
         config = resolve_run_config(args)
-    except BadRunInput as exc:
+    except (BadRunInput, ConfigError) as exc:
         return _fail(str(exc))
-    options = RangeOptions(
-        source_from=args.from_offsets, source_to=args.to_offsets, sink_from=args.sink_from_offsets
-    )
     return run_verify(config, options)
 
 

@@ -51,6 +51,15 @@ class RangeOptions:
     source_to: str | None = None
     sink_from: str | None = None
 
+    def __post_init__(self) -> None:
+        """Refuse a slice of the input whose output has no start in the sink."""
+        if self.source_from is not None and self.sink_from is None:
+            raise ConfigError(
+                "--from-offsets needs --sink-from-offsets: without provenance in the output, "
+                "only you know where the output of a slice of the input starts in the sink "
+                "topic"
+            )
+
 
 @dataclass(frozen=True)
 class Cut:
@@ -62,11 +71,6 @@ class Cut:
 
 def resolve_cut(config: RunConfig, options: RangeOptions) -> Cut:
     """The input and sink ranges of ``config``'s pipeline, read at one consistent point."""
-    if options.source_from is not None and options.sink_from is None:
-        raise ConfigError(
-            "--from-offsets needs --sink-from-offsets: without provenance in the output, "
-            "only you know where the output of a slice of the input starts in the sink topic"
-        )
     source_conf = source_client_config(config)
     sink_conf = sink_client_config(config)
     kafka = config.source.kafka

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,19 +29,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 TRANSFORM = "SELECT key, upper(value) AS value FROM source WHERE value NOT LIKE '%7'"
 RECORDS = 400
 COUNTS = ("records in", "expected out", "found in sink", "duplicates", "missing", "unexpected")
-
-
-@pytest.fixture(scope="module")
-def spark(spark_jars: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The session every ``eop verify`` of this module joins (one JVM for all)."""
-    from eop_spark.runtime.session import build_session
-    from tests.spark_apps.kafka.test_client_config import make_config
-
-    session = build_session(
-        make_config(checkpointRoot=str(tmp_path_factory.mktemp("verify"))), spark_jars
-    )
-    yield session
-    session.stop()
 
 
 def verify(capsys: pytest.CaptureFixture[str], config: Path, *options: str) -> tuple[int, str]:
