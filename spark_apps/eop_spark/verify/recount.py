@@ -28,6 +28,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, TextIO
@@ -72,6 +73,7 @@ def verify(
     ``spark``: a session to use (one is started from ``config.spark`` otherwise).
     Raises :class:`~eop_spark.contract.errors.EopError` when the check cannot run.
     """
+    started = time.monotonic()
     cut = resolve_cut(config, options or RangeOptions())
     if spark is None:
         # Never empty the scratch directory of a driver this may run next to (the session
@@ -113,6 +115,7 @@ def verify(
         found=int((totals[1] if totals else 0) or 0),
         tally=tally,
         recount=how,
+        elapsed_s=time.monotonic() - started,
     )
 
 

@@ -111,6 +111,8 @@ class Report:
     tally: Tally
     #: What the recount expects of the sink (record-wise, or windows closed).
     recount: str = "record-wise"
+    #: Seconds the check took (starting its Spark session included, when it started one).
+    elapsed_s: float = 0.0
 
     @property
     def exit_code(self) -> int:
@@ -133,6 +135,9 @@ class Report:
             f"  duplicates      {tally.duplicates:>12,}",
             f"  missing         {tally.missing:>12,}",
             f"  unexpected      {tally.unexpected:>12,}",
+            "",
+            f"checked in {self.elapsed_s:.1f} s "
+            f"({(self.records_in + self.found) / max(self.elapsed_s, 1e-3):,.0f} records/s read)",
         ]
         for kind, groups in tally.examples.items():
             if groups:
