@@ -16,7 +16,7 @@ from eop_spark.contract.offsets import TopicPartition
 #: Examples of each kind of discrepancy a report shows.
 EXAMPLES = 5
 #: The longest key or value a report prints (longer ones end with "...").
-SHOWN_BYTES = 80
+SHOWN_BYTES = 200
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import pytest
 
 from eop_spark.contract.errors import EXIT_DISCREPANCIES, EXIT_OK, ConfigError
 from eop_spark.verify.ranges import chosen
-from eop_spark.verify.report import EXAMPLES, Group, Range, Report, Tally, shown
+from eop_spark.verify.report import EXAMPLES, SHOWN_BYTES, Group, Range, Report, Tally, shown
 
 
 def group(expected: int, found: int, key: bytes | None = b"k", value: bytes = b"v") -> Group:
@@ -76,7 +76,7 @@ def test_keys_and_values_are_shown_as_text_hex_or_null() -> None:
     assert shown(b"abc") == "'abc'"
     assert shown(b"\xff\x00") == "0xff00"
     assert shown(None) == "null"
-    assert shown(b"x" * 500).endswith("...") and len(shown(b"x" * 500)) == 80
+    assert shown(b"x" * 500).endswith("...") and len(shown(b"x" * 500)) == SHOWN_BYTES
 
 
 EARLIEST = {("in", 0): 5, ("in", 1): 0}
