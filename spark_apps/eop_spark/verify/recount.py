@@ -227,20 +227,22 @@ def streamed_recount(
         shutil.rmtree(checkpoint, ignore_errors=True)
 
 
-def _coordinates(topic: Column | str, partition: str, offset: str) -> Column:
+#: Where a record is: topic, partition, offset (sorted as such, offsets as numbers).
+_COORDINATES = "struct<topic:string,partition:int,offset:bigint>"
+
+
+def _coordinates(topic: Column, partition: Column, offset: Column) -> Column:
     from pyspark.sql import functions as F
 
-    topic_column = F.lit(topic) if isinstance(topic, str) else topic
-    return F.format_string("%s-%d@%d", topic_column, F.col(partition), F.col(offset))
+    return F.struct(topic.alias("topic"), partition.alias("partition"), offset.alias("offset"))
 
 
 def _grouped(df: DataFrame, at: Column) -> DataFrame:
-    """(key, value, n, at): how many records of each (key, value), and where a few are."""
+    """(key, value, n, at): how many records of each (key, value), and where the first are."""
     from pyspark.sql import functions as F
 
-    return df.groupBy("key", "value").agg(
-        F.count(F.lit(1)).alias("n"), F.slice(F.collect_list(at), 1, EXAMPLES).alias("at")
-    )
+    first = F.slice(F.array_sort(F.collect_list(at)), 1, EXAMPLES)
+    return df.groupBy("key", "value").agg(F.count(F.lit(1)).alias("n"), first.alias("at"))
 
 
 def expected_groups(transformed: Transformed) -> DataFrame:
@@ -250,9 +252,9 @@ def expected_groups(transformed: Transformed) -> DataFrame:
     df = transformed.df
     key = F.col("key").cast("binary") if transformed.layout.has_key else F.lit(None)
     at = (
-        _coordinates(F.col(SOURCE_TOPIC), SOURCE_PARTITION, SOURCE_OFFSET)
+        _coordinates(F.col(SOURCE_TOPIC), F.col(SOURCE_PARTITION), F.col(SOURCE_OFFSET))
         if transformed.provenance
-        else F.lit(None).cast("string")
+        else F.lit(None).cast(_COORDINATES)
     )
     output = df.select(
         key.cast("binary").alias("key"),
@@ -267,7 +269,7 @@ def found_groups(spark: SparkSession, config: RunConfig, cut: Cut) -> DataFrame:
     from pyspark.sql import functions as F
 
     sink = read_range(spark, sink_options(config), cut.sink)
-    return _grouped(sink, _coordinates(F.col("topic"), "partition", "offset"))
+    return _grouped(sink, _coordinates(F.col("topic"), F.col("partition"), F.col("offset")))
 
 
 def compare(expected: DataFrame, found: DataFrame) -> DataFrame:
@@ -301,6 +303,6 @@ def _group(row: Row) -> Group:
         value=_bytes(row["value"]),
         expected=int(row["expected"]),
         found=int(row["found"]),
-        expected_at=tuple(row["expected_at"] or ()),
-        found_at=tuple(row["found_at"] or ()),
+        expected_at=tuple(f"{t}-{p}@{o}" for t, p, o in row["expected_at"] or ()),
+        found_at=tuple(f"{t}-{p}@{o}" for t, p, o in row["found_at"] or ()),
     )

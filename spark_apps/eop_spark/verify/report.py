@@ -50,7 +50,8 @@ class Group:
 
 @dataclass
 class Tally:
-    """Discrepancy counts and the first :data:`EXAMPLES` groups of each kind."""
+    """Discrepancy counts and :data:`EXAMPLES` groups of each kind (the first the comparison
+    hands over: in no particular order)."""
 
     duplicates: int = 0
     missing: int = 0
@@ -141,7 +142,7 @@ class Report:
         ]
         for kind, groups in tally.examples.items():
             if groups:
-                lines += ["", f"{kind} (first {len(groups)}):"]
+                lines += ["", f"{kind}, {len(groups)} of {getattr(tally, kind):,}:"]
                 lines += [f"  {describe(group)}" for group in groups]
         lines.append("")
         if tally.clean:

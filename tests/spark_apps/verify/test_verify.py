@@ -51,7 +51,7 @@ def counts(report: str) -> dict[str, int]:
 
 def section(report: str, kind: str) -> str:
     """The examples of one kind of discrepancy."""
-    match = re.search(rf"^{kind} \(first \d+\):\n((?:  .*\n?)+)", report, re.MULTILINE)
+    match = re.search(rf"^{kind}, \d+ of [\d,]+:\n((?:  .*\n?)+)", report, re.MULTILINE)
     return match.group(1) if match else ""
 
 
@@ -92,7 +92,9 @@ def test_verify_finds_each_fault_injected_into_a_clean_pipelines_sink(
     assert code == 7, report
     assert counts(report)["duplicates"] == 1, report
     assert counts(report)["found in sink"] == kept + 1
-    assert f"key='{twice.key().decode()}'" in section(report, "duplicates")
+    duplicates = section(report, "duplicates")
+    assert f"key='{twice.key().decode()}'" in duplicates
+    assert f"found 2 at {pipeline.sink_topic}-1@{twice.offset()}, " in duplicates
     assert counts(report)["missing"] == counts(report)["unexpected"] == 0
 
     # A record the input never made.
@@ -144,6 +146,7 @@ def clean_impression(n: int) -> tuple[str, str, int]:
     return f"i-{n}", json.dumps(event), n % 2
 
 
+@pytest.mark.slow
 def test_windows_of_a_stateful_count_verify_once_each_with_the_recounted_value(
     make_pipeline: PipelineFactory, spark: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
