@@ -1,4 +1,4 @@
-"""The ``eop`` command: operator, crd, render, run, executor, checkpoint delete.
+"""The ``eop`` command: operator, crd, render, run, verify, executor, checkpoint delete.
 
 Heavy imports (kopf, pyspark) happen inside the subcommand that needs them, so
 ``eop crd`` and ``eop render`` start fast and the Spark image needs no kopf.
@@ -23,6 +23,7 @@ from eop_operator.render.rbac import DEFAULT_DRIVER_ROLE, DriverRole
 
 if TYPE_CHECKING:
     from eop_operator.controller.context import OperatorOptions
+    from eop_spark.contract.run_config import RunConfig
 
 #: Exit code for a manifest or configuration the user must fix.
 EXIT_INVALID = 2
@@ -70,36 +71,72 @@ def local_checkpoint_root(pipeline: ExactlyOncePipeline) -> str:
     return str(Path(".eop") / pipeline.pipeline_id)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    """Run one pipeline's driver (the data plane) until SIGTERM."""
+class BadRunInput(Exception):
+    """A run config or manifest that cannot be read or resolved (the message says why)."""
+
+
+def resolve_run_config(args: argparse.Namespace) -> RunConfig:
+    """The run config of ``eop run`` and ``eop verify``: ``--config``, or the manifest resolved.
+
+    The options ``--checkpoint-root``, ``--generation`` and ``--bootstrap-servers``
+    (those the subcommand has) apply on top.  Raises :class:`BadRunInput`.
+    """
     from eop_operator.api.resolve import IdentityChanged, build_run_config
     from eop_spark.contract.run_config import RunConfig
-    from eop_spark.runtime.runner import run
 
+    checkpoint_root = getattr(args, "checkpoint_root", None)
+    generation = getattr(args, "generation", None)
     if args.config is not None:
         try:
             config = RunConfig.from_file(args.config)
         except (OSError, ValueError) as exc:
-            return _fail(f"{args.config}: {exc}")
+            raise BadRunInput(f"{args.config}: {exc}") from exc
     else:
         try:
             pipeline = load_pipeline_file(args.manifest)
-            root = args.checkpoint_root or local_checkpoint_root(pipeline)
-            config = build_run_config(
-                pipeline, checkpoint_root=root, generation=args.generation or 0
-            )
+            root = checkpoint_root or local_checkpoint_root(pipeline)
+            config = build_run_config(pipeline, checkpoint_root=root, generation=generation or 0)
         except (InvalidPipeline, IdentityChanged) as exc:
-            return _fail(str(exc))
+            raise BadRunInput(str(exc)) from exc
     overrides: dict[str, object] = {}
-    if args.checkpoint_root is not None:
-        overrides["checkpoint_root"] = args.checkpoint_root
-    if args.generation is not None:
-        overrides["generation"] = args.generation
+    if checkpoint_root is not None:
+        overrides["checkpoint_root"] = checkpoint_root
+    if generation is not None:
+        overrides["generation"] = generation
     if overrides:
         config = config.model_copy(update=overrides)
     if args.bootstrap_servers:
         config = config.on_brokers(args.bootstrap_servers)
+    return config
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run one pipeline's driver (the data plane) until SIGTERM."""
+    from eop_spark.runtime.runner import run
+
+    try:
+        config = resolve_run_config(args)
+    except BadRunInput as exc:
+        return _fail(str(exc))
     return run(config, log_format=args.log_format)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Recompute a pipeline's output from its committed input and compare it with the sink."""
+    from eop_spark.contract.errors import ConfigError
+    from eop_spark.verify.ranges import RangeOptions
+    from eop_spark.verify.recount import run_verify
+
+    try:
+        options = RangeOptions(
+            source_from=args.from_offsets,
+            source_to=args.to_offsets,
+            sink_from=args.sink_from_offsets,
+        )
+        config = resolve_run_config(args)
+    except (BadRunInput, ConfigError) as exc:
+        return _fail(str(exc))
+    return run_verify(config, options)
 
 
 def cmd_checkpoint_delete(args: argparse.Namespace) -> int:
@@ -283,6 +320,21 @@ def _add_driver_role(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_run_input(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("manifest", nargs="?", type=Path, help="an ExactlyOncePipeline manifest")
+    source.add_argument("--config", type=Path, help="a resolved run.json (in the driver pod)")
+
+
+def _add_bootstrap_servers(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--bootstrap-servers",
+        metavar="HOST:PORT",
+        help="the Kafka brokers of source and sink both, instead of the manifest's "
+        "(a manifest written for a cluster, against a broker on this machine)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``eop`` command."""
     parser = argparse.ArgumentParser(
@@ -383,23 +435,43 @@ def build_parser() -> argparse.ArgumentParser:
     render.set_defaults(func=cmd_render)
 
     run = sub.add_parser("run", help="run a pipeline (the data plane) in this process")
-    source = run.add_mutually_exclusive_group(required=True)
-    source.add_argument("manifest", nargs="?", type=Path, help="an ExactlyOncePipeline manifest")
-    source.add_argument("--config", type=Path, help="a resolved run.json (in the driver pod)")
+    _add_run_input(run)
     run.add_argument(
         "--checkpoint-root",
         help="checkpoint root: a directory or an s3a:// URI (default: the manifest's "
         "checkpoint.uri/<namespace>/<name>, else ./.eop/<namespace>.<name>)",
     )
     run.add_argument("--generation", type=int, help="checkpoint generation")
-    run.add_argument(
-        "--bootstrap-servers",
-        metavar="HOST:PORT",
-        help="the Kafka brokers of source and sink both, instead of the manifest's "
-        "(run a manifest written for a cluster against a broker on this machine)",
-    )
+    _add_bootstrap_servers(run)
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.set_defaults(func=cmd_run)
+
+    verify = sub.add_parser(
+        "verify",
+        help="recompute a pipeline's output from its committed input and compare it with the "
+        "sink topic (exit 0: identical, 7: discrepancies; docs/verify.md)",
+    )
+    _add_run_input(verify)
+    _add_bootstrap_servers(verify)
+    offsets = 'earliest, latest, or offsets JSON such as \'{"topic": {"0": 42}}\''
+    verify.add_argument(
+        "--from-offsets",
+        metavar="OFFSETS",
+        help=f"where the input range starts ({offsets}; default earliest); needs "
+        "--sink-from-offsets",
+    )
+    verify.add_argument(
+        "--to-offsets",
+        metavar="OFFSETS",
+        help=f"where the input range ends ({offsets}; default: the progress group's offsets, "
+        "the end of the input with visible output)",
+    )
+    verify.add_argument(
+        "--sink-from-offsets",
+        metavar="OFFSETS",
+        help=f"where the sink range starts ({offsets}; default earliest)",
+    )
+    verify.set_defaults(func=cmd_verify)
 
     checkpoint = sub.add_parser("checkpoint", help="manage checkpoints in object storage")
     actions = checkpoint.add_subparsers(dest="action", required=True)

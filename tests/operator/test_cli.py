@@ -114,3 +114,32 @@ def test_metrics_listen_on_this_host_only_unless_told_an_ip_address(
     with pytest.raises(SystemExit):
         build_parser().parse_args(["operator", "-A", "--metrics-address", "pod-ip"])
     assert "--metrics-address: not an IP address: 'pod-ip'" in capsys.readouterr().err
+
+
+def test_verify_checks_a_manifest_on_the_given_brokers_over_the_given_range(
+    manifest: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    checked: list[tuple[RunConfig, Any]] = []
+    monkeypatch.setattr(
+        "eop_spark.verify.recount.run_verify",
+        lambda config, options: checked.append((config, options)) or 7,
+    )
+    args = ["verify", str(path), "--bootstrap-servers", "127.0.0.1:19092"]
+    assert main([*args, "--to-offsets", "latest"]) == 7  # run_verify's exit code
+    config, options = checked[0]
+    assert config.pipeline == "ads.clean"
+    assert config.source.kafka.bootstrap_servers == config.sink.kafka.bootstrap_servers
+    assert config.sink.kafka.bootstrap_servers == "127.0.0.1:19092"
+    assert (options.source_from, options.source_to, options.sink_from) == (None, "latest", None)
+
+
+def test_verify_of_an_input_slice_without_its_sink_start_is_one_clear_line(
+    manifest: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    assert main(["verify", str(path), "--from-offsets", "earliest"]) == EXIT_INVALID
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--from-offsets needs --sink-from-offsets" in err

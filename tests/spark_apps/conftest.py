@@ -8,6 +8,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,6 +54,20 @@ def spark_jars() -> Iterator[list[Path]]:
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:  # an optimisation
             warnings.warn(f"no JVM class archive, runners start slower: {exc}", stacklevel=1)
         yield jars
+
+
+@pytest.fixture(scope="module")
+def spark(spark_jars: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A local session of the test process with the connector jars and the JVM writer (one
+    per module: the tests of a module share its JVM)."""
+    from eop_spark.runtime.session import build_session
+    from tests.spark_apps.kafka.test_client_config import make_config
+
+    session = build_session(
+        make_config(checkpointRoot=str(tmp_path_factory.mktemp("ckpt"))), spark_jars
+    )
+    yield session
+    session.stop()
 
 
 @pytest.fixture

@@ -17,6 +17,8 @@ Exit codes of ``python -m eop_spark run`` (and of :func:`eop_spark.runtime.runne
       starting them from ``startingOffsets`` would repeat or skip output.
 6     state would restart empty: a new checkpoint generation of a stateful
       query while G holds progress; its state (open windows, counts) is gone.
+7     ``eop verify`` only: the sink differs from the output recomputed from
+      the input (duplicates, missing or unexpected records).
 ====  =====================================================================
 
 Every failure is reported as ONE line, ``eop: error: <message>``, on stderr and
@@ -35,6 +37,7 @@ EXIT_ENVIRONMENT = 3
 EXIT_RUNTIME = 4
 EXIT_PROGRESS_MISSING = 5
 EXIT_STATE_LOST = 6
+EXIT_DISCREPANCIES = 7
 
 
 class EopError(Exception):

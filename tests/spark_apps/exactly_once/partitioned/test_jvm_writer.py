@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import uuid
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,23 +30,10 @@ from eop_spark.exactly_once.partitioned.task import (
 )
 from eop_spark.exactly_once.progress_group import ProgressGroup
 from tests.plugins.kafka import TopicFactory
-from tests.spark_apps.kafka.test_client_config import make_config
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 ROWS = "value binary, __eop_src_partition int, __eop_src_offset long"
-
-
-@pytest.fixture(scope="module")
-def spark(spark_jars: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A local session with the connector jars and the JVM writer."""
-    from eop_spark.runtime.session import build_session
-
-    session = build_session(
-        make_config(checkpointRoot=str(tmp_path_factory.mktemp("ckpt"))), spark_jars
-    )
-    yield session
-    session.stop()
 
 
 def writer(spark: Any) -> Any:
