@@ -55,6 +55,7 @@ def section(report: str, kind: str) -> str:
     return match.group(1) if match else ""
 
 
+@pytest.mark.slow
 def test_verify_finds_each_fault_injected_into_a_clean_pipelines_sink(
     make_pipeline: PipelineFactory, spark: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
