@@ -192,7 +192,6 @@ class KafkaClients:
         Raises :class:`KafkaBrokerError` if it exists already, unless ``exist_ok``.
         """
         from confluent_kafka import KafkaError as ClientError
-        from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
         from confluent_kafka.cimpl import NewTopic
 
@@ -205,22 +204,23 @@ class KafkaClients:
         tolerated = ClientError.TOPIC_ALREADY_EXISTS if exist_ok else None
         _await_admin(futures[name], f"creating topic {name!r}", timeout, tolerated)
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                meta = admin.list_topics(name, timeout=max(1.0, deadline - time.monotonic()))
-            except KafkaException as exc:
-                raise KafkaBrokerError(f"describing topic {name!r} failed: {exc}") from exc
-            topic = meta.topics.get(name)
-            if (
-                topic is not None
-                and topic.error is None
-                and len(topic.partitions) >= partitions
-                and all(p.leader >= 0 for p in topic.partitions.values())
+        # Every broker answers metadata from its own copy: wait until each one lists the topic,
+        # or a client asking another broker next does not find it yet.
+        for view in self.metadata_views():
+            # A fresh client each time: a client that learnt of other brokers may ask them.
+            while not _has_leaders(
+                AdminClient({**view, "log_level": 3}), name, partitions, deadline
             ):
-                return
-            if time.monotonic() > deadline:
-                raise KafkaBrokerError(f"topic {name!r} has no leaders after {timeout}s")
-            time.sleep(0.1)
+                if time.monotonic() > deadline:
+                    raise KafkaBrokerError(
+                        f"topic {name!r} has no leaders on {view['bootstrap.servers']} "
+                        f"after {timeout}s"
+                    )
+                time.sleep(0.1)
+
+    def metadata_views(self) -> list[dict[str, Any]]:
+        """One client config per broker that answers metadata on its own (here: the cluster's)."""
+        return [self.client_config()]
 
     def delete_topic(self, name: str, *, timeout: float = 30.0) -> None:
         """Delete a topic; the brokers remove its log segments in the background.
@@ -873,6 +873,24 @@ def until_coordinator_ready(call: Callable[[], T], timeout: float = 60) -> T:
             if not retriable(exc.args[0]) or time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+def _has_leaders(admin: Any, name: str, partitions: int, deadline: float) -> bool:
+    """Whether ``admin``'s broker lists topic ``name`` with ``partitions`` partitions, each
+    with a leader."""
+    from confluent_kafka import KafkaException
+
+    try:
+        meta = admin.list_topics(name, timeout=max(1.0, deadline - time.monotonic()))
+    except KafkaException as exc:
+        raise KafkaBrokerError(f"describing topic {name!r} failed: {exc}") from exc
+    topic = meta.topics.get(name)
+    return (
+        topic is not None
+        and topic.error is None
+        and len(topic.partitions) >= partitions
+        and all(p.leader >= 0 for p in topic.partitions.values())
+    )
 
 
 def _await_admin(

@@ -174,6 +174,10 @@ class KafkaCluster(KafkaClients, Service):
         """A confluent_kafka config dict for the cluster (``bootstrap.servers``) + ``overrides``."""
         return {"bootstrap.servers": self.bootstrap_servers, **(overrides or {})}
 
+    def metadata_views(self) -> list[dict[str, Any]]:
+        """One client config per running node: each answers metadata from its own copy."""
+        return [{"bootstrap.servers": n.bootstrap_servers} for n in self.nodes if n.running]
+
     @property
     def running(self) -> list[int]:
         """The ids of the nodes whose JVM is alive."""

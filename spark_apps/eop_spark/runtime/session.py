@@ -39,7 +39,8 @@ OBJECT_STORE_CHECKPOINTS = (
 
 #: Spark's own logs go to stdout next to the runner's, warnings and up: stderr is
 #: kept for the one error line a failed run ends with. The partitioned sink's JVM writer
-#: says which transactional ids a JVM took (once each). Executors log the same way.
+#: says which transactional ids a JVM took (once each). On Kubernetes the driver says when an
+#: executor registered, was requested or was removed (once each). Executors log the same way.
 LOG4J2_PROPERTIES = """\
 rootLogger.level = warn
 rootLogger.appenderRef.stdout.ref = console
@@ -54,6 +55,8 @@ logger.kafka010.name = org.apache.spark.sql.kafka010
 logger.kafka010.level = error
 logger.eop.name = io.exactlyonce.eop
 logger.eop.level = info
+logger.executors.name = org.apache.spark.scheduler.cluster
+logger.executors.level = info
 """
 
 
