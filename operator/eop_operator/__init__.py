@@ -6,10 +6,11 @@ Layers, each importing only those to its left (docs/architecture.md maps them)::
         -> kube (API I/O) -> health, metrics -> controller (kopf wiring, loops) -> cli
 
 The data plane is imported only through its contract (``eop_spark.contract``:
-spec models, run config, errors, and ``kafka_access`` for the health checks'
-reads of the progress group) and, lazily, by ``eop run``, ``eop executor`` and
-``eop checkpoint delete``; it never imports this package (the import contracts
-in ``pyproject.toml`` hold both).
+spec models, run config, errors), its door for the health checks
+(``eop_spark.operator_access``: the progress group read and refreshed, the
+clusters asked) and, lazily, by ``eop run``, ``eop verify``, ``eop executor``
+and ``eop checkpoint delete``; it never imports this package (the import
+contracts in ``pyproject.toml`` hold both).
 """
 
 from importlib.metadata import PackageNotFoundError

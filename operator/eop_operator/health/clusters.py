@@ -5,7 +5,7 @@ source reads from the same cluster (compared by cluster id, however the
 brokers are written), and a ``sink.kafka.transactionTimeout`` above the sink
 brokers' ``transaction.max.timeout.ms``.  The runner refuses both in its first
 seconds; the operator asks the same questions with the runner's own code
-(``eop_spark.contract.kafka_access``) so that such a pipeline never gets a
+(``eop_spark.operator_access``) so that such a pipeline never gets a
 driver.
 
 Every request is bounded, and a TCP probe of the bootstrap servers comes
@@ -21,7 +21,7 @@ import socket
 from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.health.progress import KafkaAccess
 from eop_spark.contract.errors import EnvironmentNotReady
-from eop_spark.contract.kafka_access import cluster, refuse_long_transactions, refuse_own_output
+from eop_spark.operator_access import check_clusters
 
 #: Seconds each Kafka request of a check may take.
 REQUEST_TIMEOUT_S = 5.0
@@ -62,7 +62,4 @@ def ask_clusters(
     kafka, sink_kafka = pipeline.spec.source.kafka, pipeline.spec.sink.kafka
     probe(kafka.bootstrap_servers, "source")
     probe(sink_kafka.bootstrap_servers, "sink")
-    source = cluster(access.source, "source", timeout)
-    sink = cluster(access.sink, "sink", timeout)
-    refuse_own_output(source, sink, kafka, sink_kafka.topic)
-    refuse_long_transactions(access.sink, sink, sink_kafka.transaction_timeout, timeout)
+    check_clusters(access.source, access.sink, kafka, sink_kafka, timeout)

@@ -49,16 +49,8 @@ from eop_operator.health.progress import (
     read_watermarks,
 )
 from eop_spark.contract.errors import EopError
-from eop_spark.contract.kafka_access import (
-    ProgressGroup,
-    SinkSettings,
-    commit_offsets,
-    offsets_retention_ms,
-    refresh_interval_s,
-    refresh_without_runner,
-)
 from eop_spark.contract.offsets import Offsets
-from eop_spark.contract.progress_names import ProgressNames
+from eop_spark.operator_access import refresh_interval, refresh_lag_view, refresh_progress
 
 log = logging.getLogger(__name__)
 
@@ -109,32 +101,26 @@ def refresh_suspended_progress(
     source = read_watermarks(access, pipeline, group, timeout=timeout)
     names = group_names(access, group, source.cluster_id, timeout=timeout)
     try:
-        progress = ProgressGroup(names, access.sink)
-        try:
-            settings = SinkSettings(
-                topic=pipeline.spec.sink.kafka.topic,
-                client_config=access.sink,
-                transactional_id_prefix=identity.transactional_id_prefix,
-                transaction_timeout=pipeline.spec.sink.kafka.transaction_timeout,
-                progress=names,
-                group_metadata=progress.group_metadata(),
-            )
-            refreshed = refresh_without_runner(settings, progress, list(source.watermarks))
-        finally:
-            progress.close()
+        refreshed = refresh_progress(
+            names,
+            pipeline.spec.sink.kafka,
+            access.sink,
+            identity.transactional_id_prefix,
+            list(source.watermarks),
+        )
     except EopError as exc:
         raise ProgressUnavailable(access.redact(exc.message)) from None
     except Exception as exc:  # confluent-kafka's KafkaException, or a client setting refused
         raise ProgressUnavailable(access.redact(f"cannot refresh {group}: {exc}")) from None
     if names.progress_topics and refreshed:
-        refresh_lag_view(access, group, refreshed)
+        keep_lag_view(access, group, refreshed)
     return refreshed
 
 
-def refresh_lag_view(access: KafkaAccess, group: str, offsets: Offsets) -> None:
+def keep_lag_view(access: KafkaAccess, group: str, offsets: Offsets) -> None:
     """Re-commit ``G``'s lag view on the source cluster (a view: a failure is only logged)."""
     try:
-        commit_offsets(ProgressNames(group), offsets, access.source)
+        refresh_lag_view(group, offsets, access.source)
     except Exception as exc:  # a view never stops a refresh
         log.warning("the lag view of %s on the source cluster: %s", group, access.redact(str(exc)))
 
@@ -147,8 +133,7 @@ async def keep_progress_alive(
     The sink cluster's retention is asked once per schedule (the first time).
     """
     if schedule.interval_s is None:
-        retention = await asyncio.to_thread(offsets_retention_ms, access.sink)
-        schedule.interval_s = refresh_interval_s(retention)
+        schedule.interval_s = await asyncio.to_thread(refresh_interval, access.sink)
     if not schedule.due(time.time()):
         return None
     refreshed = await asyncio.to_thread(refresh_suspended_progress, access, pipeline)

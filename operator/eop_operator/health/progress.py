@@ -32,18 +32,18 @@ from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.health.stall import PartitionOffsets, Reading
 from eop_operator.kube.client import KubeClient, KubeError, KubeUnavailable
 from eop_spark.contract.errors import EopError
-from eop_spark.contract.kafka_access import (
-    ProgressGroup,
-    cluster_id,
+from eop_spark.contract.offsets import EARLIEST, LATEST, TopicPartition, starting_offsets
+from eop_spark.contract.owned_settings import SINK_OPTIONS, SOURCE_OPTIONS
+from eop_spark.contract.progress_names import ProgressNames
+from eop_spark.contract.redaction import Redactor
+from eop_spark.contract.spec import KafkaSource
+from eop_spark.operator_access import (
+    ask_progress_names,
+    committed_offsets,
     secret_text,
     sink_librdkafka_config,
     source_librdkafka_config,
 )
-from eop_spark.contract.offsets import EARLIEST, LATEST, TopicPartition, starting_offsets
-from eop_spark.contract.owned_settings import SINK_OPTIONS, SOURCE_OPTIONS
-from eop_spark.contract.progress_names import ProgressNames, progress_names
-from eop_spark.contract.redaction import Redactor
-from eop_spark.contract.spec import KafkaSource
 
 #: Seconds each Kafka request of a check may take.
 DEFAULT_TIMEOUT_S = 10.0
@@ -242,23 +242,15 @@ def read_offsets(
     pipeline can read, as ``kafka-consumer-groups`` shows when no input
     transaction is open.
     """
-    from confluent_kafka import KafkaException
-
     source = pipeline.spec.source.kafka
     read = read_watermarks(access, pipeline, group, timeout=timeout)
     watermarks = read.watermarks
     partitions = list(watermarks)
     names = group_names(access, group, read.cluster_id, timeout=timeout)
     try:
-        progress = ProgressGroup(names, access.sink)
-    except KafkaException as exc:
-        raise ProgressUnavailable(access.redact(f"invalid sink client settings: {exc}")) from None
-    try:
-        committed = progress.committed(partitions, timeout=timeout)
+        committed = committed_offsets(names, access.sink, partitions, timeout)
     except EopError as exc:
         raise ProgressUnavailable(access.redact(exc.message)) from None
-    finally:
-        progress.close()
     starts = start_positions(partitions, watermarks, source.starting_offsets)
     return tuple(
         PartitionOffsets(
@@ -281,7 +273,7 @@ def group_names(
     the sink cluster's is asked here.
     """
     try:
-        return progress_names(group, source_cluster, cluster_id(access.sink, "sink", timeout))
+        return ask_progress_names(group, source_cluster, access.sink, timeout)
     except EopError as exc:
         raise ProgressUnavailable(access.redact(exc.message)) from None
     except Exception as exc:  # a client setting confluent-kafka refuses

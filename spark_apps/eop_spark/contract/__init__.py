@@ -9,7 +9,7 @@ offset arithmetic (:mod:`.offsets`), the names the progress group keeps its
 offsets under (:mod:`.progress_names`) and the redaction of Secret values from
 messages (:mod:`.redaction`).
 
-One module is not pure, on purpose: :mod:`.kafka_access`, the operator's door
-to the data plane's Kafka code (reading and refreshing the progress group).
-Nothing in the data plane imports it.
+It imports no other room of the data plane.  The operator's door to the data
+plane's Kafka code (the progress group read and refreshed, the clusters asked)
+is a room of its own, :mod:`eop_spark.operator_access`.
 """

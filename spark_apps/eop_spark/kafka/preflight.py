@@ -22,7 +22,7 @@ from typing import Any
 
 from eop_spark.contract.errors import ConfigError, EnvironmentNotReady
 from eop_spark.contract.offsets import TopicPartition
-from eop_spark.contract.spec import KafkaSource, duration_ms
+from eop_spark.contract.spec import KafkaSink, KafkaSource, duration_ms
 from eop_spark.kafka.client_config import EAGER_CONNECTIONS
 
 #: How long a metadata request may take before the broker counts as unreachable.
@@ -307,3 +307,24 @@ def refuse_long_transactions(
             f"transactionTimeout to at most {maximum} ms, or raise {MAX_TRANSACTION_TIMEOUT} "
             "on the brokers"
         )
+
+
+def check_clusters(
+    source_config: Mapping[str, Any],
+    sink_config: Mapping[str, Any],
+    source: KafkaSource,
+    sink: KafkaSink,
+    timeout: float = METADATA_TIMEOUT_S,
+) -> tuple[Cluster, Cluster]:
+    """Ask both clusters for their metadata and refuse what only they reveal of the spec.
+
+    A sink topic the source reads (:func:`refuse_own_output`), a transaction
+    timeout above the sink brokers' maximum (:func:`refuse_long_transactions`):
+    the runner asks as it starts, the operator before a driver starts.
+    Returns the source and sink clusters.
+    """
+    source_cluster = cluster(source_config, "source", timeout)
+    sink_cluster = cluster(sink_config, "sink", timeout)
+    refuse_own_output(source_cluster, sink_cluster, source, sink.topic)
+    refuse_long_transactions(sink_config, sink_cluster, sink.transaction_timeout, timeout)
+    return source_cluster, sink_cluster

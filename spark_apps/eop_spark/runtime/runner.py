@@ -171,10 +171,7 @@ class PipelineRun:
         source_conf = source_client_config(config)
         sink_conf = without_java_only(self.sink_properties)
         kafka = config.source.kafka
-        source = preflight.cluster(source_conf, "source")
-        sink = preflight.cluster(sink_conf, "sink")
-        preflight.refuse_own_output(source, sink, kafka, config.sink.kafka.topic)
-        preflight.refuse_long_transactions(sink_conf, sink, config.sink.kafka.transaction_timeout)
+        source, sink = preflight.check_clusters(source_conf, sink_conf, kafka, config.sink.kafka)
         partitions = preflight.source_partitions(source, kafka.topics, kafka.topic_pattern)
         preflight.sink_partition_count(sink, config.sink.kafka.topic)
         names = self.place_progress(source.id, sink.id, source_conf, sink_conf, partitions)

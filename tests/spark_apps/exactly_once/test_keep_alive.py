@@ -4,7 +4,7 @@ Kafka expires a member-less group's offsets ``offsets.retention.minutes`` after 
 commit (invariant 6): the runner's and the operator's keep-alive refresh the progress group
 within the smallest retention any broker of the cluster has (any broker may become the group's
 coordinator). Read wrong, a retention shorter than the fallback interval loses the progress.
-The operator's keep-alive calls the same function (``eop_spark.contract.kafka_access``).
+The operator's keep-alive calls the same function (``eop_spark.operator_access``).
 """
 
 from __future__ import annotations
