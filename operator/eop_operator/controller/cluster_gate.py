@@ -168,6 +168,6 @@ class ClusterGate:
                 type="Normal",
                 reason="ClusterCheckDeferred",
                 message=f"cannot check the spec against its Secrets and Kafka clusters yet "
-                f"(tried again with back-off; the driver checks as it starts): {unavailable}",
+                f"(tried again with back-off; the driver is not held back): {unavailable}",
             )
         return answer
