@@ -7,6 +7,7 @@ No kubelet runs at this tier: drivers stay Pending, which is all these tests nee
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Iterator
@@ -48,8 +49,11 @@ def _apply(cp: ControlPlane, namespace: str, name: str, **spec: Any) -> None:
     cp.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest), check=True)
 
 
-def _warnings(cp: ControlPlane, namespace: str, name: str) -> list[dict[str, Any]]:
-    selector = f"involvedObject.name={name},involvedObject.kind=ExactlyOncePipeline,type=Warning"
+def _warnings(
+    cp: ControlPlane, namespace: str, name: str, kind: str = "Warning"
+) -> list[dict[str, Any]]:
+    """The pipeline's events of type ``kind`` (Warning, or Normal)."""
+    selector = f"involvedObject.name={name},involvedObject.kind=ExactlyOncePipeline,type={kind}"
     result = cp.kubectl(
         "get", "events", "-n", namespace, "--field-selector", selector, "-o", "json", check=True
     )
@@ -177,13 +181,20 @@ def test_what_only_the_brokers_and_secrets_can_tell_is_refused_before_a_driver(
     control_plane: ControlPlane, operator: Path, kube_namespace: str, kafka_broker: KafkaBroker
 ) -> None:
     """A transaction timeout above the broker's maximum, a sink topic the source reads from
-    the same cluster (its broker written another way) and a Secret holding a setting eop owns
-    are refused by the operator, naming the field; a sound pipeline on that broker proceeds."""
+    the same cluster (its broker written another way), a Kafka Secret holding a setting eop
+    owns and a checkpoint Secret whose keys make no credentials are refused by the operator,
+    naming the field; a sound pipeline on that broker proceeds, and so does one whose
+    checkpoint Secret is not there yet (a Normal event says so)."""
     cp, ns, servers = control_plane, kube_namespace, kafka_broker.bootstrap_servers
     port = servers.rsplit(":", 1)[1]
     cp.kubectl(
         "create", "secret", "generic", "producer-props", "-n", ns,
         "--from-literal=transactional.id=mine", check=True,
+    )  # fmt: skip
+    cp.kubectl(
+        "create", "secret", "generic", "store-half", "-n", ns,
+        "--from-literal=AWS_ACCESS_KEY_ID=AKIA-EOP-TEST", "--from-literal=region=eu-west-1",
+        check=True,
     )  # fmt: skip
     on_broker = {"bootstrapServers": servers, "topics": ["raw"]}
     _apply(cp, ns, "sound", source={"kafka": on_broker})
@@ -193,6 +204,10 @@ def test_what_only_the_brokers_and_secrets_can_tell_is_refused_before_a_driver(
     _apply(cp, ns, "echo", source={"kafka": on_broker}, sink={"kafka": sink})
     sink = {"bootstrapServers": servers, "topic": "clean", "secretRef": {"name": "producer-props"}}
     _apply(cp, ns, "owner", sink={"kafka": sink})
+    on_store = {"uri": "s3a://checkpoints/eop", "secretRef": {"name": "store-half"}}
+    _apply(cp, ns, "keyless", source={"kafka": on_broker}, checkpoint=on_store)
+    on_store = {"uri": "s3a://checkpoints/eop", "secretRef": {"name": "store-later"}}
+    _apply(cp, ns, "early", source={"kafka": on_broker}, checkpoint=on_store)
 
     assert (
         "spec.sink.kafka.transactionTimeout 16m (960000 ms) is above transaction.max.timeout.ms"
@@ -205,11 +220,28 @@ def test_what_only_the_brokers_and_secrets_can_tell_is_refused_before_a_driver(
         "spec.sink.kafka.secretRef (Secret producer-props): transactional.id is set by eop"
         in _degraded(cp, "owner", ns)
     )
-    for name in ("patient", "echo", "owner"):
+    keyless = _degraded(cp, "keyless", ns)
+    assert keyless.startswith(
+        "spec.checkpoint.secretRef (Secret store-half): AWS_SECRET_ACCESS_KEY is missing; "
+        "region is read by nothing."
+    )
+    for name in ("patient", "echo", "owner", "keyless"):
         warning = wait_for(lambda n=name: _warnings(cp, ns, n), f"{name}'s Warning event")
         assert warning[0]["reason"] == "InvalidSpec"
+    # A checkpoint Secret not there yet does not hold the driver back: it may come later.
+    deferred = wait_for(
+        lambda: [e for e in _warnings(cp, ns, "early", "Normal") if "Deferred" in e["reason"]],
+        "early's ClusterCheckDeferred event",
+    )
+    assert "spec.checkpoint.secretRef: Secret store-later does not exist" in str(deferred)
+    wait_for(lambda: _get(cp, "statefulset", "early-driver", ns), "early's driver")
+    # The key's value (plain or as the API holds it) is nowhere the operator writes.
+    told = json.dumps([_status(cp, "keyless", ns), _warnings(cp, ns, "keyless")])
+    for value in ("AKIA-EOP-TEST", base64.b64encode(b"AKIA-EOP-TEST").decode()):
+        assert value not in told
+        assert value not in operator.read_text()
     # The sound one (asked the same broker) got its driver; the refused ones got nothing.
     wait_for(lambda: _get(cp, "statefulset", "sound-driver", ns), "the sound pipeline's driver")
-    for name in ("patient", "echo", "owner"):
+    for name in ("patient", "echo", "owner", "keyless"):
         assert _get(cp, "configmap", f"{name}-config", ns) is None
         assert _get(cp, "statefulset", f"{name}-driver", ns) is None

@@ -344,7 +344,7 @@ S3_CHECKPOINT = {
 def test_retention_delete_of_object_storage_runs_a_job_with_the_secret_before_the_pipeline_goes(
     control_plane: ControlPlane, operator: Path, kube_namespace: str
 ) -> None:
-    """The operator never holds the store's keys: a Job with the pipeline's Secret deletes the
+    """The operator never uses the store's keys: a Job with the pipeline's Secret deletes the
     prefix, and the pipeline goes once it succeeds. No kubelet runs here: the Job's pod (made
     by the real Job controller) is marked Succeeded by hand, as the kubelet would report it."""
     cp, ns = control_plane, kube_namespace

@@ -100,8 +100,9 @@ checks they agree).
 {{/*
 RBAC: what the operator may do in each namespace it serves. The one list that both the
 ClusterRole (clusterWide) and the per-namespace Roles are rendered from; why each rule exists is
-in docs/install.md. Secrets: `get` (never list or watch), so the health checks can read the
-Kafka Secret a pipeline names (docs/observability.md; rbac.readSecrets=false drops it), and
+in docs/install.md. Secrets: `get` (never list or watch), so the checks before a driver starts
+and the health checks can read the Secrets a pipeline names (docs/observability.md;
+rbac.readSecrets=false drops it), and
 `create`, for the Spark RPC key of pipelines with executors on Kubernetes (limited by the
 chart's ValidatingAdmissionPolicy, templates/secret-policy.yaml). No wildcards, no escalate or
 impersonate, and `bind` only on the drivers' role, by name: the operator hands drivers that
@@ -168,9 +169,10 @@ needs rights that outlive the namespace's Role. */}}
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
-# Secrets: get (the Kafka Secret a pipeline names, for the health checks; never list or watch)
-# and create (the RPC key of a pipeline with executors on Kubernetes: created once, never read,
-# updated or deleted; the garbage collector removes it with its pipeline). Create cannot be
+# Secrets: get (the Secrets a pipeline names, for the checks before a driver starts and the
+# health checks; never list or watch) and create (the RPC key of a pipeline with executors on
+# Kubernetes: created once, never read, updated or deleted; the garbage collector removes it
+# with its pipeline). Create cannot be
 # narrowed to names by RBAC: the chart's ValidatingAdmissionPolicy narrows it to Opaque Secrets
 # named <pipeline>-spark-rpc, so the operator cannot mint service-account tokens with it.
 - apiGroups: [""]

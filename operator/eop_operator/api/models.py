@@ -144,7 +144,8 @@ class CheckpointSecretRef(SpecModel):
 
     Keys ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` (and ``AWS_SESSION_TOKEN`` for
     temporary credentials), set as environment variables of the driver and its executors,
-    where S3A's default credential chain reads them. The operator never reads it.
+    where S3A's default credential chain reads them. The operator looks at its keys, never
+    its values, before a driver starts (``health.checkpoint_secret``).
     """
 
     name: str = Field(min_length=1, max_length=253, description="Name of the Secret.")

@@ -1,12 +1,13 @@
 """The operator's last door before a driver starts: what the Secrets and the clusters say.
 
 Before a lifecycle step renders a pipeline, :meth:`ClusterGate.admit` asks
-(``health.clusters``, through the runner's own code) whether the Kafka
-Secrets hold a key eop owns, whether the source reads the sink topic on the
-same cluster, and whether ``sink.kafka.transactionTimeout`` exceeds the sink
-brokers' maximum.  A refusal is a :class:`ClusterRefusal`: the lifecycle
-refuses the pipeline (``Degraded``, naming the field, and an event) and
-creates nothing for it.
+whether the keys of the checkpoint's Secret make the object store's credentials
+(``health.checkpoint_secret``), then (``health.clusters``, through the runner's
+own code) whether the Kafka Secrets hold a key eop owns, whether the source
+reads the sink topic on the same cluster, and whether
+``sink.kafka.transactionTimeout`` exceeds the sink brokers' maximum.  A refusal
+is a :class:`ClusterRefusal`: the lifecycle refuses the pipeline (``Degraded``,
+naming the field, and an event) and creates nothing for it.
 
 Cheap, and never in the way:
 
@@ -16,7 +17,8 @@ Cheap, and never in the way:
 * every request bounded (``health.clusters``), at most :data:`CHECKS_AT_ONCE`
   checks in flight, each in a worker thread: other pipelines' steps go on;
 * a cluster or Secret that cannot be asked does not hold the driver back (the
-  runner asks again as it starts, and fails naming what it cannot reach): a
+  runner asks again as it starts, and fails naming what it cannot reach; the
+  kubelet does not start a pod whose Secret is missing): a
   ``ClusterCheckDeferred`` event says so, once per generation, and the
   question is asked again with back-off (:data:`RETRY_FIRST_S` doubling up to
   :data:`RETRY_MAX_S`).  A Normal event: an operator kept from the brokers
@@ -34,6 +36,7 @@ from typing import Any
 from eop_operator.api.load import InvalidPipeline
 from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.controller.context import Context
+from eop_operator.health.checkpoint_secret import check_checkpoint_secret
 from eop_operator.health.clusters import ask_clusters
 from eop_operator.health.progress import (
     KafkaAccess,
@@ -134,6 +137,7 @@ class ClusterGate:
         access = KafkaAccess({}, {})
         async with self._turns:
             try:
+                await check_checkpoint_secret(self.context.client, pipeline)
                 access = await kafka_access(self.context.client, pipeline)
                 await asyncio.to_thread(ask_clusters, access, pipeline)
             except SecretRefused as exc:
@@ -163,7 +167,7 @@ class ClusterGate:
                 body,
                 type="Normal",
                 reason="ClusterCheckDeferred",
-                message=f"cannot check the spec against the Kafka clusters yet (tried again "
-                f"with back-off; the driver checks as it starts): {unavailable}",
+                message=f"cannot check the spec against its Secrets and Kafka clusters yet "
+                f"(tried again with back-off; the driver is not held back): {unavailable}",
             )
         return answer

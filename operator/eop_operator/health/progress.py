@@ -71,11 +71,12 @@ class SecretRefused(ProgressUnavailable):
     """A Secret the pipeline names holds what eop refuses (the message names the key)."""
 
 
-async def read_secret(client: KubeClient, namespace: str, name: str) -> dict[str, str]:
-    """The properties of a Secret (one per key), decoded; raises ProgressUnavailable.
+async def secret_data(client: KubeClient, namespace: str, name: str) -> Mapping[str, str]:
+    """A Secret's ``data`` as the API server holds it (base64 values, not decoded).
 
-    A key that is not text raises :class:`SecretRefused`.  An API server that does
-    not answer is not the Secret's fault: KubeUnavailable passes.
+    Raises :class:`ProgressUnavailable` when the Secret does not exist or cannot be
+    read.  An API server that does not answer is not the Secret's fault:
+    KubeUnavailable passes.
     """
     try:
         secret = await client.get("v1", "Secret", namespace, name)
@@ -86,6 +87,15 @@ async def read_secret(client: KubeClient, namespace: str, name: str) -> dict[str
     if secret is None:
         raise ProgressUnavailable(f"Secret {name} does not exist")
     data: Mapping[str, str] = secret.get("data") or {}
+    return data
+
+
+async def read_secret(client: KubeClient, namespace: str, name: str) -> dict[str, str]:
+    """The properties of a Secret (one per key), decoded; raises ProgressUnavailable.
+
+    A key that is not text raises :class:`SecretRefused`; see :func:`secret_data`.
+    """
+    data = await secret_data(client, namespace, name)
     try:
         # The same rules as the driver's mounted Secret (unused binary keys skipped).
         return secret_text(
