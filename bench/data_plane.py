@@ -95,7 +95,7 @@ MODES = ("builtin", "partitioned", "coordinated", "plain")
 # The batching eop's producers use by default, given to every contender.
 PRODUCER_TUNING = {
     key: str(value)
-    for key, value in producer_config({}, "bench", "60s").items()
+    for key, value in producer_config({}, "bench", 60_000).items()
     if key in ("linger.ms", "batch.size")
 }
 
@@ -314,7 +314,7 @@ def _produce_plainly(bootstrap_servers: str, topic: str) -> Any:
 
         from eop_spark.speedups import native_produce
 
-        conf = producer_config({"bootstrap.servers": bootstrap_servers}, "-", "60s")
+        conf = producer_config({"bootstrap.servers": bootstrap_servers}, "-", 60_000)
         for transactional in ("transactional.id", "transaction.timeout.ms"):
             del conf[transactional]
         producer = confluent_kafka.Producer(conf)

@@ -78,33 +78,37 @@ class BadRunInput(Exception):
 def resolve_run_config(args: argparse.Namespace) -> RunConfig:
     """The run config of ``eop run`` and ``eop verify``: ``--config``, or the manifest resolved.
 
-    The options ``--checkpoint-root``, ``--generation`` and ``--bootstrap-servers``
-    (those the subcommand has) apply on top.  Raises :class:`BadRunInput`.
+    The options ``--checkpoint-root`` and ``--generation`` (those the subcommand
+    has) apply on top by the rule of ``python -m eop_spark run``
+    (:meth:`RunConfig.overridden`), then ``--bootstrap-servers``.  Raises
+    :class:`BadRunInput`.
     """
+    from pydantic import ValidationError
+
     from eop_operator.api.resolve import IdentityChanged, build_run_config
-    from eop_spark.contract.run_config import RunConfig
+    from eop_spark.contract.errors import ConfigError
+    from eop_spark.contract.run_config import invalid_run_config, load_run_config
 
     checkpoint_root = getattr(args, "checkpoint_root", None)
     generation = getattr(args, "generation", None)
-    if args.config is not None:
-        try:
-            config = RunConfig.from_file(args.config)
-        except (OSError, ValueError) as exc:
-            raise BadRunInput(f"{args.config}: {exc}") from exc
-    else:
-        try:
+    try:
+        if args.config is not None:
+            config = load_run_config(
+                args.config, checkpoint_root=checkpoint_root, generation=generation
+            )
+        else:
             pipeline = load_pipeline_file(args.manifest)
-            root = checkpoint_root or local_checkpoint_root(pipeline)
-            config = build_run_config(pipeline, checkpoint_root=root, generation=generation or 0)
-        except (InvalidPipeline, IdentityChanged) as exc:
-            raise BadRunInput(str(exc)) from exc
-    overrides: dict[str, object] = {}
-    if checkpoint_root is not None:
-        overrides["checkpoint_root"] = checkpoint_root
-    if generation is not None:
-        overrides["generation"] = generation
-    if overrides:
-        config = config.model_copy(update=overrides)
+            local = build_run_config(
+                pipeline, checkpoint_root=local_checkpoint_root(pipeline), generation=0
+            )
+            try:
+                config = local.overridden(checkpoint_root=checkpoint_root, generation=generation)
+            except ValidationError as exc:
+                raise invalid_run_config(args.manifest, exc) from exc
+    except ConfigError as exc:
+        raise BadRunInput(exc.message) from exc
+    except (InvalidPipeline, IdentityChanged) as exc:
+        raise BadRunInput(str(exc)) from exc
     if args.bootstrap_servers:
         config = config.on_brokers(args.bootstrap_servers)
     return config

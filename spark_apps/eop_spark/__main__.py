@@ -1,7 +1,9 @@
 """Command line: ``python -m eop_spark run --config RUN.json``.
 
 Options override the run config: ``--checkpoint-root DIR``, ``--generation N``;
-``--log-format json`` writes one JSON object per log line.  Exit codes are
+``--log-format json`` writes one JSON object per log line.  The same rules as
+``eop run --config`` (the image's entry): both read the config with
+:func:`eop_spark.contract.run_config.load_run_config`.  Exit codes are
 documented in :mod:`eop_spark.contract.errors`.
 """
 
@@ -12,10 +14,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from eop_spark.contract.errors import EXIT_CONFIG, one_line
-from eop_spark.contract.run_config import RunConfig
+from eop_spark.contract.errors import ConfigError
+from eop_spark.contract.run_config import load_run_config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,38 +29,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config_error(message: str) -> int:
-    print(f"eop: error: {one_line(message)}", file=sys.stderr)
-    return EXIT_CONFIG
-
-
-def load_config(path: Path, checkpoint_root: str | None, generation: int | None) -> RunConfig:
-    """Read the run config and apply the command line overrides."""
-    config = RunConfig.from_file(path)
-    overrides: dict[str, object] = {}
-    if checkpoint_root is not None:
-        overrides["checkpoint_root"] = checkpoint_root
-    if generation is not None:
-        overrides["generation"] = generation
-    if overrides:
-        config = RunConfig.model_validate(config.model_dump() | overrides)
-    return config
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = _parser().parse_args(argv)
     try:
-        config = load_config(args.config, args.checkpoint_root, args.generation)
-    except OSError as exc:
-        return _config_error(f"cannot read run config {args.config}: {exc.strerror or exc}")
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: "
-            f"{e['msg'].removeprefix('Value error, ')}"
-            for e in exc.errors()
+        config = load_run_config(
+            args.config, checkpoint_root=args.checkpoint_root, generation=args.generation
         )
-        return _config_error(f"invalid run config {args.config}: {problems}")
+    except ConfigError as exc:
+        print(f"eop: error: {exc.message}", file=sys.stderr)
+        return exc.exit_code
 
     from eop_spark.runtime.runner import run
 

@@ -29,7 +29,7 @@ def test_minimal_manifest_gets_documented_defaults(manifest: dict[str, Any]) -> 
     assert spec.checkpoint.retention is Retention.RETAIN
     assert spec.upgrade.mode is UpgradeMode.LAST_STATE
     assert spec.spark.master == "local[2]"
-    assert spec.trigger.interval_ms() == 10_000
+    assert spec.trigger.interval.ms == 10_000
 
 
 @pytest.mark.parametrize(

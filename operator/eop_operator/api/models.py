@@ -34,7 +34,6 @@ from eop_spark.contract.spec import (
     TransformSpec,
     TriggerSpec,
     at_least,
-    duration_ms,
     matches,
     refuse_credentials,
     refuse_keys,
@@ -243,7 +242,7 @@ class UpgradeSpec(SpecModel):
         Rule(
             "!has(self.rollback) || !self.rollback || !has(self.readinessTimeout) || "
             "duration(self.readinessTimeout) > duration('0s')",
-            lambda u: not u.rollback or duration_ms(u.readiness_timeout) > 0,
+            lambda u: not u.rollback or u.readiness_timeout.ms > 0,
             "upgrade.readinessTimeout must be more than 0s with upgrade.rollback: every upgrade "
             "would be rolled back before its driver could become Ready",
             field_path=".readinessTimeout",
@@ -256,7 +255,7 @@ class UpgradeSpec(SpecModel):
         "generation from the progress group; stateless reprocesses from startingOffsets.",
     )
     readiness_timeout: Duration = Field(
-        default="5m",
+        default=Duration("5m"),
         description="How long a restarted driver may take to become Ready before the upgrade "
         "counts as failed; also how long the old driver pod may take to go before the pipeline "
         "is Degraded (DriverNotStopped).",
@@ -279,7 +278,7 @@ class FailoverSpec(SpecModel):
     rules = (
         Rule(
             "duration(self.backoff) <= duration(self.maxBackoff)",
-            lambda f: duration_ms(f.backoff) <= duration_ms(f.max_backoff),
+            lambda f: f.backoff.ms <= f.max_backoff.ms,
             "failover.backoff must not exceed failover.maxBackoff",
             field_path=".backoff",
         ),
@@ -288,13 +287,15 @@ class FailoverSpec(SpecModel):
     max_restarts: int = Field(
         default=5, ge=1, le=1000, description="Restarts within window before Degraded."
     )
-    window: Duration = Field(default="10m", description="The window restarts are counted in.")
+    window: Duration = Field(
+        default=Duration("10m"), description="The window restarts are counted in."
+    )
     backoff: Duration = Field(
-        default="10s",
+        default=Duration("10s"),
         description="Delay before the operator restarts a failed driver; doubles. At most "
         "maxBackoff.",
     )
-    max_backoff: Duration = Field(default="5m", description="Upper bound of the backoff.")
+    max_backoff: Duration = Field(default=Duration("5m"), description="Upper bound of the backoff.")
 
 
 class RestartPolicy(StrEnum):
@@ -315,19 +316,19 @@ class HealthSpec(SpecModel):
     rules = (
         Rule(
             "duration(self.stallTimeout) > duration(self.checkInterval)",
-            lambda h: duration_ms(h.stall_timeout) > duration_ms(h.check_interval),
+            lambda h: h.stall_timeout.ms > h.check_interval.ms,
             "health.stallTimeout must be longer than health.checkInterval",
             field_path=".stallTimeout",
         ),
     )
 
     check_interval: Annotated[Duration, at_least("health.checkInterval", "1s")] = Field(
-        default="30s",
+        default=Duration("30s"),
         description="How often the operator compares the progress group with the source's end "
         "offsets; at least 1s.",
     )
     stall_timeout: Duration = Field(
-        default="5m",
+        default=Duration("5m"),
         description="Restart a Ready driver (event RestartStalled) when input waits and the "
         "progress group has not advanced for this long. Longer than checkInterval and than the "
         "trigger's processingTime (10s when unset).",
@@ -714,7 +715,7 @@ class PipelineSpec(SpecModel):
             f"duration(has(self.health) ? self.health.stallTimeout : '{_STALL_TIMEOUT_DEFAULT}') "
             "> duration(has(self.trigger) && has(self.trigger.processingTime) ? "
             f"self.trigger.processingTime : '{DEFAULT_TRIGGER_INTERVAL}')",
-            lambda spec: duration_ms(spec.health.stall_timeout) > spec.trigger.interval_ms(),
+            lambda spec: spec.health.stall_timeout.ms > spec.trigger.interval.ms,
             "health.stallTimeout must be longer than trigger.processingTime "
             f"({DEFAULT_TRIGGER_INTERVAL} when unset): a healthy pipeline would be restarted",
             field_path=".health.stallTimeout",

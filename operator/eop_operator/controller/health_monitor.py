@@ -44,7 +44,6 @@ from eop_operator.kube.client import KubeError
 from eop_operator.kube.events import post_event
 from eop_operator.kube.observed import WatchIndex
 from eop_operator.render.naming import driver_pod_name
-from eop_spark.contract.spec import duration_ms
 
 #: How long to wait before looking again at a pipeline whose spec is invalid.
 INVALID_RETRY_S = 60.0
@@ -109,7 +108,7 @@ class HealthMonitor:
         meta = body["metadata"]
         namespace, name = meta.get("namespace") or "", meta.get("name") or ""
         try:
-            interval = duration_ms(load_stored(body).value.spec.health.check_interval) / 1000
+            interval = load_stored(body).value.spec.health.check_interval.seconds
         except InvalidPipeline:
             interval = INVALID_RETRY_S
         await stopped.wait(first_check_delay(meta.get("uid") or name, interval))
@@ -129,7 +128,7 @@ class HealthMonitor:
             pipeline = load_stored(body).value
         except InvalidPipeline:
             return INVALID_RETRY_S
-        interval = duration_ms(pipeline.spec.health.check_interval) / 1000
+        interval = pipeline.spec.health.check_interval.seconds
         deleting = bool(body["metadata"].get("deletionTimestamp"))
         namespace, name = pipeline.metadata.namespace, pipeline.metadata.name
         failed: str | None = None  # the kind of the first failure of this check
@@ -203,7 +202,7 @@ class HealthMonitor:
         health = assess(
             memory.history,
             reading,
-            stall_timeout=duration_ms(pipeline.spec.health.stall_timeout) / 1000,
+            stall_timeout=pipeline.spec.health.stall_timeout.seconds,
             ready_since=since,
         )
         before = pipeline.status.progress.held_partitions if pipeline.status.progress else {}

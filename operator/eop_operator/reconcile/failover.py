@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from eop_operator.api.models import FailoverSpec, FailoverStatus
 from eop_operator.reconcile.observe import PodObservation, Termination
 from eop_spark.contract.errors import EXIT_CONFIG, EXIT_PROGRESS_MISSING, EXIT_STATE_LOST
-from eop_spark.contract.spec import duration_ms
 from eop_spark.contract.termination import FailureReason, parse_failure_line
 
 #: The reason of a driver pod that went with its node (``observe.lost_with_node``): not the
@@ -116,7 +115,7 @@ def count_failures(
     (or a Failed pod), tracked per pod uid (the last ``SEEN_PODS`` pods), so each
     is counted once however often, and however late, the operator looks.
     """
-    window = datetime.timedelta(milliseconds=duration_ms(spec.window))
+    window = spec.window.delta
     # Pods that are gone stay remembered for a while: a late watch event must not count twice.
     seen: dict[str, int] = dict(list(previous.seen.items())[-SEEN_PODS:])
     recent = [t for t in previous.recent if now - parse_stamp(t) <= window]
@@ -159,7 +158,7 @@ def crash_looping(status: FailoverStatus, spec: FailoverSpec) -> bool:
 
 def backoff_seconds(status: FailoverStatus, spec: FailoverSpec) -> float:
     """Delay before the operator restarts a failed driver: doubles per recent restart."""
-    initial = duration_ms(spec.backoff) / 1000
-    ceiling = duration_ms(spec.max_backoff) / 1000
+    initial = spec.backoff.seconds
+    ceiling = spec.max_backoff.seconds
     exponent = max(0, len(status.recent) - 1)
     return float(min(ceiling, initial * 2 ** min(exponent, 30)))

@@ -71,7 +71,6 @@ from eop_operator.reconcile.failover import (
 )
 from eop_operator.reconcile.observe import ClaimState
 from eop_operator.render import spec_hash
-from eop_spark.contract.spec import duration_ms
 from eop_spark.contract.termination import FailureReason
 
 
@@ -314,7 +313,7 @@ def _starting(plan: Plan, wal: UpgradeStatus) -> Decision | None:
         decision = recover(plan, failure, wal.to_hash, fallback=wal.reason != OPERATOR_UPGRADE)
         if decision is not None:
             return decision
-    timeout = datetime.timedelta(milliseconds=duration_ms(s.upgrade.readiness_timeout))
+    timeout = s.upgrade.readiness_timeout.delta
     started = parse_stamp(wal.started_at) if wal.started_at else s.now
     if s.now - started < timeout:
         left = (started + timeout - s.now).total_seconds()
@@ -474,7 +473,7 @@ def _overdue(wal: UpgradeStatus, upgrade: UpgradeSpec, now: datetime.datetime) -
     since = (wal.began_at or wal.started_at) if wal.step is UpgradeStep.STOPPING else wal.started_at
     if since is None:
         return False
-    timeout = datetime.timedelta(milliseconds=duration_ms(upgrade.readiness_timeout))
+    timeout = upgrade.readiness_timeout.delta
     return now - parse_stamp(since) >= timeout
 
 

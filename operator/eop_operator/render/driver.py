@@ -45,7 +45,6 @@ from eop_operator.render.ports import (
     preferred_host_port,
 )
 from eop_spark.contract.run_config import CONFIG_FILE_NAME, SCRATCH_ENV
-from eop_spark.contract.spec import duration_ms
 
 CONFIG_DIR = "/etc/eop"
 CHECKPOINT_MOUNT = "/var/lib/eop/checkpoint"
@@ -61,8 +60,8 @@ def driver_container_memory_mib(pipeline: ExactlyOncePipeline) -> int:
 
 def termination_grace_seconds(pipeline: ExactlyOncePipeline) -> int:
     """Long enough for the batch in flight to commit: one interval plus the txn timeout."""
-    interval_ms = pipeline.spec.trigger.interval_ms()
-    timeout_ms = duration_ms(pipeline.spec.sink.kafka.transaction_timeout)
+    interval_ms = pipeline.spec.trigger.interval.ms
+    timeout_ms = pipeline.spec.sink.kafka.transaction_timeout.ms
     return (interval_ms + timeout_ms) // 1000 + GRACE_SLACK_SECONDS
 
 

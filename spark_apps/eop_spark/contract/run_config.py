@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
+from eop_spark.contract.errors import ConfigError
 from eop_spark.contract.spec import (
     SinkSpec,
     SourceSpec,
@@ -115,6 +116,23 @@ class RunConfig(SpecModel):
         )
         return self.model_copy(update={"source": source, "sink": sink})
 
+    def overridden(
+        self, *, checkpoint_root: str | None = None, generation: int | None = None
+    ) -> RunConfig:
+        """This run with the command line's ``--checkpoint-root`` and ``--generation``.
+
+        Checked as a run config read from a file is (pydantic's ValidationError
+        otherwise): the one rule of ``eop run`` and ``python -m eop_spark run``.
+        """
+        overrides: dict[str, object] = {}
+        if checkpoint_root is not None:
+            overrides["checkpoint_root"] = checkpoint_root
+        if generation is not None:
+            overrides["generation"] = generation
+        if not overrides:
+            return self
+        return RunConfig.model_validate(self.model_dump() | overrides)
+
     @classmethod
     def offline(cls, pipeline: str, checkpoint_root: str, sql: str) -> RunConfig:
         """A run config for tools that need only its Spark session: its Kafka is unreachable."""
@@ -135,3 +153,30 @@ class RunConfig(SpecModel):
     def from_file(cls, path: Path) -> RunConfig:
         """Read a run configuration written by the operator or by ``eop run``."""
         return cls.model_validate_json(path.read_text())
+
+
+def invalid_run_config(origin: Path, error: ValidationError) -> ConfigError:
+    """One line naming each setting of the run config from ``origin`` that ``error`` refuses."""
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: "
+        f"{e['msg'].removeprefix('Value error, ')}"
+        for e in error.errors()
+    )
+    return ConfigError(f"invalid run config {origin}: {problems}")
+
+
+def load_run_config(
+    path: Path, *, checkpoint_root: str | None = None, generation: int | None = None
+) -> RunConfig:
+    """Read the run config at ``path`` and apply the command line's overrides.
+
+    Both entries to a run (``eop run --config`` in the image, ``python -m
+    eop_spark run``) read it here.  Raises :class:`ConfigError` (one line).
+    """
+    try:
+        config = RunConfig.from_file(path)
+        return config.overridden(checkpoint_root=checkpoint_root, generation=generation)
+    except OSError as exc:
+        raise ConfigError(f"cannot read run config {path}: {exc.strerror or exc}") from exc
+    except ValidationError as exc:
+        raise invalid_run_config(path, exc) from exc

@@ -16,6 +16,7 @@ docs/api.md are generated from these declarations.
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 from collections.abc import Callable
@@ -52,16 +53,53 @@ def _violated(message: str, info: ValidationInfo | None) -> None:
     raise ValueError(message)
 
 
-def duration_ms(duration: str) -> int:
-    """Convert a spec duration such as ``"30s"`` to milliseconds."""
-    match = re.fullmatch(DURATION_PATTERN, duration)
-    if match is None:
-        raise ValueError(f"invalid duration {duration!r}: expected e.g. 500ms, 30s, 5m, 1h")
-    unit = match.group(1)
-    return int(duration[: -len(unit)]) * _DURATION_UNITS_MS[unit]
+class Duration(str):
+    """A spec duration: the text as written (``"30s"``) and its length, worked out once.
 
+    It is the string on the wire (run.json, the CRD, ``model_dump``), so schemas
+    and messages show what the user wrote; code reads :attr:`ms`, :attr:`seconds`
+    or :attr:`delta` and parses nothing.  It pickles as its text and milliseconds.
+    """
 
-Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=8, examples=["30s"])]
+    ms: int
+
+    def __new__(cls, text: str, ms: int | None = None) -> Duration:
+        """``text`` as a duration (ValueError unless it is one); ``ms`` when already known."""
+        duration = super().__new__(cls, text)
+        if ms is None:
+            match = re.fullmatch(DURATION_PATTERN, text)
+            if match is None:
+                raise ValueError(f"invalid duration {text!r}: expected e.g. 500ms, 30s, 5m, 1h")
+            unit = match.group(1)
+            ms = int(text[: -len(unit)]) * _DURATION_UNITS_MS[unit]
+        duration.ms = ms
+        return duration
+
+    def __getnewargs__(self) -> tuple[str, int]:  # type: ignore[override]
+        return str(self), self.ms
+
+    @property
+    def seconds(self) -> float:
+        """The length in seconds."""
+        return self.ms / 1000
+
+    @property
+    def delta(self) -> datetime.timedelta:
+        """The length as a :class:`~datetime.timedelta`."""
+        return datetime.timedelta(milliseconds=self.ms)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> cs.CoreSchema:
+        text = cs.str_schema(pattern=DURATION_PATTERN, max_length=8)
+        return cs.no_info_after_validator_function(
+            cls, text, serialization=cs.plain_serializer_function_ser_schema(str)
+        )
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: Any, handler: Any) -> dict[str, Any]:
+        out: dict[str, Any] = handler(schema)
+        out["examples"] = ["30s"]
+        return out
 
 
 @dataclass(frozen=True)
@@ -120,11 +158,10 @@ def matches(regex: str, message: str) -> Rule:
 
 def at_least(name: str, minimum: str) -> Rule:
     """A duration field rule: ``name`` is at least ``minimum`` (both spec durations)."""
+    floor = Duration(minimum)
     return Rule(
         f"!self.matches(r'{DURATION_PATTERN}') || duration(self) >= duration('{minimum}')",
-        lambda v: (
-            re.fullmatch(DURATION_PATTERN, v) is None or duration_ms(v) >= duration_ms(minimum)
-        ),
+        lambda v: v.ms >= floor.ms,
         f"{name} must be at least {minimum}",
     )
 
@@ -549,7 +586,7 @@ class KafkaSink(SpecModel):
         description="partitioned (record-wise queries), coordinated (any query), or auto.",
     )
     transaction_timeout: Annotated[Duration, at_least("transactionTimeout", "1s")] = Field(
-        default="60s",
+        default=Duration("60s"),
         description="Kafka transaction.timeout.ms of the sink producers; at least 1s, at most "
         "the sink brokers' transaction.max.timeout.ms (15m unless the brokers set it).",
     )
@@ -583,7 +620,7 @@ class SinkSpec(SpecModel):
 
 
 #: The micro-batch interval when trigger.processingTime is unset.
-DEFAULT_TRIGGER_INTERVAL = "10s"
+DEFAULT_TRIGGER_INTERVAL = Duration("10s")
 
 
 class TriggerSpec(SpecModel):
@@ -597,9 +634,10 @@ class TriggerSpec(SpecModel):
     )
     available_now: bool = Field(default=False, description="Process what is available, then stop.")
 
-    def interval_ms(self) -> int:
-        """The micro-batch interval in milliseconds (10 s unless set)."""
-        return duration_ms(self.processing_time or DEFAULT_TRIGGER_INTERVAL)
+    @property
+    def interval(self) -> Duration:
+        """The micro-batch interval (10 s unless set)."""
+        return self.processing_time or DEFAULT_TRIGGER_INTERVAL
 
 
 #: Spark's memory notation as the spec takes it: a number and a unit, k, m, g or t.

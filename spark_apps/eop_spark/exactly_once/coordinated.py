@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 from eop_spark.contract.errors import EopError, ProducerFenced, ProgressConflict, after_transaction
 from eop_spark.contract.offsets import Offsets, TopicPartition
 from eop_spark.contract.run_config import RunConfig
-from eop_spark.contract.spec import duration_ms
+from eop_spark.contract.spec import Duration
 from eop_spark.exactly_once.batch_markers import (
     BatchAction,
     batch_marker,
@@ -77,12 +77,12 @@ DRIVER_RECORDS_PER_S = 100_000
 TIMEOUT_SHARE = 3
 
 
-def default_batch_records(transaction_timeout: str) -> int:
+def default_batch_records(transaction_timeout: Duration) -> int:
     """The records one batch reads by default: what the driver writes in a third of the timeout.
 
     2,000,000 with the default 60 s, 33,333 with 1 s.
     """
-    return max(1, DRIVER_RECORDS_PER_S * duration_ms(transaction_timeout) // 1000 // TIMEOUT_SHARE)
+    return max(1, DRIVER_RECORDS_PER_S * transaction_timeout.ms // 1000 // TIMEOUT_SHARE)
 
 
 def bounded_batches(config: RunConfig) -> RunConfig:
@@ -239,7 +239,7 @@ class CoordinatedSink:
                     exc,
                     f"the transaction of {self.sink.transactional_id()} (batch {batch_id})",
                     time.monotonic() - started,
-                    duration_ms(self.sink.transaction_timeout),
+                    self.sink.transaction_timeout.ms,
                 )
                 if error is exc:
                     raise

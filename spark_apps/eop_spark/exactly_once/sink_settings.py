@@ -9,6 +9,7 @@ from typing import Any
 
 from eop_spark.contract.offsets import TopicPartition
 from eop_spark.contract.progress_names import ProgressNames
+from eop_spark.contract.spec import Duration
 from eop_spark.kafka.client_config import producer_config
 from eop_spark.kafka.transactional_producer import ArrowPath, TransactionalProducer
 
@@ -24,7 +25,7 @@ class SinkSettings:
     topic: str
     client_config: dict[str, str]
     transactional_id_prefix: str
-    transaction_timeout: str
+    transaction_timeout: Duration
     #: The progress group and the names it keeps its offsets under.
     progress: ProgressNames
     group_metadata: Any
@@ -45,7 +46,7 @@ class SinkSettings:
     def producer_config(self, tp: TopicPartition | None = None) -> dict[str, Any]:
         """The producer settings for :meth:`transactional_id` ``(tp)``."""
         return producer_config(
-            self.client_config, self.transactional_id(tp), self.transaction_timeout
+            self.client_config, self.transactional_id(tp), self.transaction_timeout.ms
         )
 
     def record_producer(self, conf: dict[str, Any]) -> TransactionalProducer:

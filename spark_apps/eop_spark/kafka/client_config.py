@@ -23,7 +23,7 @@ from pathlib import Path
 from eop_spark.contract.errors import ConfigError
 from eop_spark.contract.owned_settings import SINK_OPTIONS, SOURCE_OPTIONS, OwnedKeys
 from eop_spark.contract.run_config import RunConfig
-from eop_spark.contract.spec import KafkaSink, KafkaSource, duration_ms
+from eop_spark.contract.spec import KafkaSink, KafkaSource
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ EAGER_CONNECTIONS: dict[str, bool] = {"enable.sparse.connections": False}
 
 
 def producer_config(
-    client: Mapping[str, str], transactional_id: str, transaction_timeout: str
+    client: Mapping[str, str], transactional_id: str, transaction_timeout_ms: int
 ) -> dict[str, str | int | bool]:
     """A transactional producer's settings on top of the sink client settings."""
     conf: dict[str, str | int | bool] = {
@@ -249,7 +249,7 @@ def producer_config(
         **client,
         "transactional.id": transactional_id,
         "enable.idempotence": True,
-        "transaction.timeout.ms": duration_ms(transaction_timeout),
+        "transaction.timeout.ms": transaction_timeout_ms,
         # commit_transaction() reports failed deliveries: no per-record report is wanted.
         # confluent-kafka applies this in its own callback (librdkafka still hands every
         # acknowledged record to the thread that polls, which frees it); it keeps a

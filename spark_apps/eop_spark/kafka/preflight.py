@@ -22,7 +22,7 @@ from typing import Any
 
 from eop_spark.contract.errors import ConfigError, EnvironmentNotReady
 from eop_spark.contract.offsets import TopicPartition
-from eop_spark.contract.spec import KafkaSink, KafkaSource, duration_ms
+from eop_spark.contract.spec import Duration, KafkaSink, KafkaSource
 from eop_spark.kafka.client_config import EAGER_CONNECTIONS
 
 #: How long a metadata request may take before the broker counts as unreachable.
@@ -261,7 +261,7 @@ MAX_TRANSACTION_TIMEOUT = "transaction.max.timeout.ms"
 def refuse_long_transactions(
     client_config: Mapping[str, Any],
     sink: Cluster,
-    transaction_timeout: str,
+    transaction_timeout: Duration,
     timeout: float = METADATA_TIMEOUT_S,
 ) -> None:
     """Refuse a ``spec.sink.kafka.transactionTimeout`` above a sink broker's maximum.
@@ -281,7 +281,7 @@ def refuse_long_transactions(
     def resource(broker: int) -> ConfigResource:
         return ConfigResource(ResourceType.BROKER, str(broker))
 
-    timeout_ms = duration_ms(transaction_timeout)
+    timeout_ms = transaction_timeout.ms
     admin = AdminClient({**EAGER_CONNECTIONS, **client_config, "log_level": 0})
     requests = [
         (broker, admin.describe_configs([resource(broker)], request_timeout=timeout))

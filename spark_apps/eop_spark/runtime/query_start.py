@@ -265,4 +265,4 @@ class QueryStart:
         )
         if config.trigger.available_now:
             return writer.trigger(availableNow=True)
-        return writer.trigger(processingTime=f"{config.trigger.interval_ms()} milliseconds")
+        return writer.trigger(processingTime=f"{config.trigger.interval.ms} milliseconds")

@@ -182,19 +182,20 @@ class PipelineRun:
             serve_metrics(self.counters, config.pipeline, config.metrics_port)
 
         progress = ProgressGroup(names, sink_conf)
+        settings = self.sink_settings(sink_conf, progress)
         # Taking the ids over waits on the broker (it aborts what a killed runner left open)
         # and needs no Spark: it runs while the JVM starts.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="eop-take-over") as pool:
-            taken = pool.submit(take_over, self.sink_settings(sink_conf, progress), partitions)
+            taken = pool.submit(take_over, settings, partitions)
             spark = build_session(config, jars)
             # Python workers start while the query is planned.
             threading.Thread(
                 target=self._warm_up, args=(spark,), name="eop-warm-up", daemon=True
             ).start()
             query, gate = self.start_query(
-                spark, partitions, sink_conf, progress=progress, taken=taken
+                spark, partitions, sink_conf, progress=progress, settings=settings, taken=taken
             )
-        keep_alive = self.keep_alive(gate, sink_conf, progress, partitions)
+        keep_alive = self.keep_alive(gate, settings, progress, partitions)
         keep_alive.start()
         try:
             return self.supervise(query, gate)
@@ -248,7 +249,7 @@ class PipelineRun:
     def keep_alive(
         self,
         gate: BatchGate,
-        sink_conf: dict[str, str],
+        settings: SinkSettings,
         progress: ProgressGroup,
         partitions: list[TopicPartition],
     ) -> KeepAlive:
@@ -259,7 +260,6 @@ class PipelineRun:
         own producer; the partitioned mode re-commits each partition under that
         partition's id (see :mod:`eop_spark.exactly_once.keep_alive`).
         """
-        settings = self.sink_settings(sink_conf, progress)
 
         def refresh() -> Offsets:
             sink = gate.sink
@@ -275,7 +275,7 @@ class PipelineRun:
                 self.lag_view.publish(refreshed)
             return refreshed
 
-        return KeepAlive(sink_conf, gate.between_batches, refresh)
+        return KeepAlive(settings.client_config, gate.between_batches, refresh)
 
     def _warm_up(self, spark: SparkSession) -> None:
         try:
@@ -284,7 +284,11 @@ class PipelineRun:
             log.debug("warming up Python workers failed: %s", exc)
 
     def sink_settings(self, sink_conf: dict[str, str], progress: ProgressGroup) -> SinkSettings:
-        """What every sink transaction of this run needs to know."""
+        """What every sink transaction of this run needs to know: built once per run.
+
+        Taking the ids over, the sinks and their Spark tasks, and the keep-alive
+        all get this one value.
+        """
         config = self.config
         return SinkSettings(
             topic=config.sink.kafka.topic,
@@ -303,12 +307,14 @@ class PipelineRun:
         sink_conf: dict[str, str],
         *,
         progress: ProgressGroup | None = None,
+        settings: SinkSettings | None = None,
         taken: Future[int] | None = None,
     ) -> tuple[StreamingQuery, BatchGate]:
         """Take over the transactional ids (unless ``taken`` does), build the stream, start it.
 
         Without ``progress`` (an embedder that skips :meth:`run`), where G keeps
-        its offsets is asked of the two clusters here (:meth:`place_progress`).
+        its offsets is asked of the two clusters here (:meth:`place_progress`);
+        without ``settings`` (:meth:`sink_settings` of ``progress``) they are built here.
         The steps and their order: :mod:`eop_spark.runtime.query_start`.
         """
         config = self.config
@@ -329,7 +335,7 @@ class PipelineRun:
             sink_conf,
             self.sink_properties,
             progress,
-            self.sink_settings(sink_conf, progress),
+            settings or self.sink_settings(sink_conf, progress),
             self.counters,
             hand_off=TASK_HAND_OFF,
             progress_topics=self.progress_topics,

@@ -13,6 +13,7 @@ from devenv.kafka import KafkaBroker
 from devenv.runners import client_config, read_committed
 from eop_spark.contract.offsets import Offsets, TopicPartition
 from eop_spark.contract.progress_names import ProgressNames
+from eop_spark.contract.spec import Duration
 from eop_spark.exactly_once.partitioned.task import PartitionTask, _discard, commit_partition
 from eop_spark.exactly_once.progress_group import ProgressGroup
 from eop_spark.exactly_once.sink_contract import SOURCE_OFFSET, SOURCE_PARTITION, output_layout
@@ -82,7 +83,7 @@ def partition(kafka_broker: KafkaBroker, kafka_topic_factory: TopicFactory) -> I
             topic=kafka_topic_factory(1, prefix="out"),
             client_config=conf,
             transactional_id_prefix=group,
-            transaction_timeout="60s",
+            transaction_timeout=Duration("60s"),
             progress=progress.names,
             group_metadata=progress.group_metadata(),
         )

@@ -15,6 +15,7 @@ from eop_spark.contract.errors import (
     from_failure,
 )
 from eop_spark.contract.run_config import RunConfig
+from eop_spark.contract.spec import Duration
 from eop_spark.contract.termination import failure_line
 from eop_spark.exactly_once.coordinated import bounded_batches, default_batch_records
 
@@ -86,8 +87,8 @@ def run_config(**kafka: Any) -> RunConfig:
 
 
 def test_coordinated_batches_are_bounded_from_the_timeout_unless_the_spec_bounds_them() -> None:
-    assert default_batch_records("60s") == 2_000_000
-    assert default_batch_records("1s") == 33_333
+    assert default_batch_records(Duration("60s")) == 2_000_000
+    assert default_batch_records(Duration("1s")) == 33_333
     bounded = bounded_batches(run_config(transactionTimeout="1s"))
     assert bounded.source.kafka.max_offsets_per_trigger == 33_333
     own = run_config(source={"maxOffsetsPerTrigger": 5_000_000})

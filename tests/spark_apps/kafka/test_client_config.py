@@ -212,7 +212,7 @@ def test_sink_options_and_secrets_merge_but_transactional_settings_are_owned(
 
 
 def test_producer_config() -> None:
-    conf = producer_config({"bootstrap.servers": "h:2", "linger.ms": "1"}, "eop.p.t.0", "90s")
+    conf = producer_config({"bootstrap.servers": "h:2", "linger.ms": "1"}, "eop.p.t.0", 90_000)
     assert conf["transactional.id"] == "eop.p.t.0"
     assert conf["transaction.timeout.ms"] == 90_000
     assert conf["enable.idempotence"] is True
@@ -222,7 +222,7 @@ def test_producer_config() -> None:
 @pytest.mark.parametrize(
     "build",
     [
-        lambda client: producer_config(client, "eop.p.t.0", "90s"),
+        lambda client: producer_config(client, "eop.p.t.0", 90_000),
         lambda client: consumer_config("eop.ns.p", client),
     ],
     ids=["producer", "progress-group"],

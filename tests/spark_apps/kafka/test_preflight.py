@@ -23,6 +23,7 @@ from devenv.kafka_cluster import KafkaCluster
 from eop_operator.reconcile.upgrade import decide
 from eop_spark.contract.errors import EXIT_CONFIG, EXIT_OK, ConfigError
 from eop_spark.contract.run_config import RunConfig
+from eop_spark.contract.spec import Duration
 from eop_spark.contract.termination import failure_line
 from eop_spark.kafka.preflight import Cluster, cluster, refuse_long_transactions
 from eop_spark.runtime.runner import PipelineRun
@@ -135,5 +136,5 @@ def test_every_broker_of_a_cluster_is_asked_for_its_maximum(kafka_cluster: Kafka
     sink = cluster(conf, "sink")
     assert len(sink.brokers) == 3
     with pytest.raises(ConfigError, match=r"\(960000 ms\) is above transaction.max.timeout.ms"):
-        refuse_long_transactions(conf, sink, "16m")
-    refuse_long_transactions(conf, sink, "15m")
+        refuse_long_transactions(conf, sink, Duration("16m"))
+    refuse_long_transactions(conf, sink, Duration("15m"))

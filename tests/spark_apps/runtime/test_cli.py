@@ -1,16 +1,20 @@
-"""``python -m eop_spark``: malformed run configs fail at once with one line and exit 2."""
+"""``python -m eop_spark`` and ``eop run``: a bad run config fails at once, one line, exit 2."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from devenv.runners import REPO, runner_env
-from eop_spark.__main__ import load_config
+from eop_operator.cli import main as eop_main
+from eop_spark.__main__ import main as eop_spark_main
+from eop_spark.contract.run_config import RunConfig
+from eop_spark.runtime import runner
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -64,20 +68,44 @@ def test_missing_config_file(tmp_path: Path) -> None:
     assert result.stderr.startswith("eop: error: cannot read run config")
 
 
-def test_overrides(tmp_path: Path) -> None:
+RUN_JSON = {
+    "pipeline": "a.b",
+    "source": {"kafka": {"bootstrapServers": "h:1", "topics": ["i"]}},
+    "transform": {"sql": "SELECT value FROM source"},
+    "sink": {"kafka": {"bootstrapServers": "h:1", "topic": "o"}},
+    "transactionalIdPrefix": "p",
+    "progressGroup": "g",
+    "checkpointRoot": "/c",
+}
+
+
+@pytest.mark.parametrize("entry", [eop_spark_main, eop_main], ids=["python-m-eop_spark", "eop"])
+def test_both_entries_override_the_run_config_by_one_rule(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    entry: Callable[[list[str]], int],
+) -> None:
+    """``python -m eop_spark run`` and the image's ``eop run --config``: the same overrides."""
     path = tmp_path / "run.json"
-    path.write_text(
-        json.dumps(
-            {
-                "pipeline": "a.b",
-                "source": {"kafka": {"bootstrapServers": "h:1", "topics": ["i"]}},
-                "transform": {"sql": "SELECT value FROM source"},
-                "sink": {"kafka": {"bootstrapServers": "h:1", "topic": "o"}},
-                "transactionalIdPrefix": "p",
-                "progressGroup": "g",
-                "checkpointRoot": "/c",
-            }
-        )
+    path.write_text(json.dumps(RUN_JSON))
+    started: list[RunConfig] = []
+
+    def run(config: RunConfig, *, log_format: str) -> int:
+        started.append(config)
+        return 0
+
+    monkeypatch.setattr(runner, "run", run)
+    assert (
+        entry(["run", "--config", str(path), "--checkpoint-root", "/other", "--generation", "3"])
+        == 0
     )
-    config = load_config(path, "/other", 3)
+    (config,) = started
     assert config.checkpoint_location == "/other/gen-3"
+    # An override the run config refuses is refused as the file's own setting would be.
+    assert entry(["run", "--config", str(path), "--generation", "-1"]) == 2
+    assert started == [config]
+    assert capsys.readouterr().err.splitlines() == [
+        f"eop: error: invalid run config {path}: generation: "
+        "Input should be greater than or equal to 0"
+    ]

@@ -35,7 +35,7 @@ Record = tuple[int, bytes | None, bytes | None]
 
 def _producer(broker: KafkaBroker, **settings: Any) -> TransactionalProducer:
     client = {"bootstrap.servers": broker.bootstrap_servers} | settings
-    conf = producer_config(client, f"eop.test.{uuid.uuid4().hex}", "60s")
+    conf = producer_config(client, f"eop.test.{uuid.uuid4().hex}", 60_000)
     return TransactionalProducer(conf, arrow_path=ARROW_PATH)  # as the runner builds them
 
 

@@ -24,6 +24,7 @@ package io.exactlyonce.eop;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.io.IOException;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collections;
@@ -134,7 +135,10 @@ public final class PartitionedWriter {
     }
   }
 
-  /** What every task of a run shares: parsed once per task from the settings JSON. */
+  /**
+   * What every task of a run shares: parsed from the settings JSON once per JVM (see {@link
+   * #settings}), read-only after.
+   */
   static final class Settings {
     final String topic;
     final String prefix;
@@ -200,6 +204,25 @@ public final class PartitionedWriter {
       node.fields().forEachRemaining(e -> props.put(e.getKey(), e.getValue().asText()));
       return props;
     }
+  }
+
+  /** Settings JSON -> its parsed Settings: a run's tasks and batches share one string. */
+  static final Map<String, Settings> PARSED = new ConcurrentHashMap<>();
+  /** The most settings PARSED keeps (a JVM serves one run; tests run many in one JVM). */
+  static final int PARSED_KEPT = 16;
+
+  /** The Settings of ``json``, parsed once per JVM for as long as a run sends the same string. */
+  static Settings settings(String json) throws IOException {
+    Settings known = PARSED.get(json);
+    if (known != null) {
+      return known;
+    }
+    Settings parsed = new Settings(JSON.readTree(json));
+    if (PARSED.size() >= PARSED_KEPT) {
+      PARSED.clear();
+    }
+    PARSED.put(json, parsed);
+    return parsed;
   }
 
   /** Where each column the task reads sits in the selected row. */
@@ -309,7 +332,7 @@ public final class PartitionedWriter {
               new Batch(
                   context.getLocalProperty(BATCH_PROPERTY),
                   context.getLocalProperty(SPARK_BATCH_PROPERTY));
-          Settings settings = new Settings(JSON.readTree(settingsJson));
+          Settings settings = settings(settingsJson);
           return Collections.singletonList(
                   commit(settings, batch, new Layout(schema), rows))
               .iterator();
@@ -327,7 +350,7 @@ public final class PartitionedWriter {
    * tasks, which take the same steps when they find them not done.
    */
   public static void prepare(String settingsJson, String partitionsJson) throws Exception {
-    Settings settings = new Settings(JSON.readTree(settingsJson));
+    Settings settings = settings(settingsJson);
     Map<TopicPartition, Slot> slots = new HashMap<>();
     List<CompletableFuture<?>> taken = new ArrayList<>();
     for (JsonNode entry : JSON.readTree(partitionsJson)) {
@@ -388,7 +411,7 @@ public final class PartitionedWriter {
   /** The offsets-only transaction for a partition no task reported on (called on the driver). */
   public static String advance(String settingsJson, String batchJson, String topic, int partition)
       throws Exception {
-    Settings settings = new Settings(JSON.readTree(settingsJson));
+    Settings settings = settings(settingsJson);
     Batch batch = new Batch(batchJson, null);
     return transact(settings, batch, new TopicPartition(topic, partition), null, null);
   }

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 from eop_spark.contract.offsets import Offsets, TopicPartition
 from eop_spark.contract.progress_names import ProgressNames
-from eop_spark.contract.spec import duration_ms
 from eop_spark.exactly_once.batch_markers import batch_marker
 from eop_spark.exactly_once.batch_result import BatchResult, BatchStatus
 from eop_spark.exactly_once.cross_cluster import ProgressTopics
@@ -85,7 +84,7 @@ class JvmTasks:
             writer = getattr(writer, name)
         if not isinstance(writer, JavaClass):
             return None  # the jar is not on the session's class path
-        timeout = duration_ms(sink.transaction_timeout)
+        timeout = sink.transaction_timeout.ms
         java = jvm_writer.java_settings(spark, java_config, timeout, len(partitions))
         if java is None:
             return None

@@ -74,7 +74,7 @@ def producer_defaults(heap_bytes: int, partitions: int) -> dict[str, str]:
     # Imported here: the image's jar stage runs this file alone, without eop_spark.
     from eop_spark.kafka.client_config import producer_config
 
-    batching = producer_config({}, "-", "60s")
+    batching = producer_config({}, "-", 60_000)
     share = heap_bytes // HEAP_SHARE // max(1, partitions)
     memory = min(JAVA_BUFFER_MEMORY, max(MIN_BUFFER_MEMORY, share))
     return {

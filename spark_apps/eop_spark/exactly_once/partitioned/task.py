@@ -71,7 +71,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from eop_spark.contract.errors import PipelineFailed, ProducerFenced, after_transaction
 from eop_spark.contract.offsets import Offsets, TopicPartition
-from eop_spark.contract.spec import duration_ms
 from eop_spark.exactly_once.batch_markers import marker_batch
 from eop_spark.exactly_once.batch_result import BatchStatus
 from eop_spark.exactly_once.progress_group import ProgressGroup
@@ -382,7 +381,7 @@ class _OpenTransaction:
         self.seen = -1
         self.transactions = 1
         self.opened_at = at
-        self.timeout_ms = duration_ms(task.sink.transaction_timeout)
+        self.timeout_ms = task.sink.transaction_timeout.ms
         self.commit_after_s = self.timeout_ms / 1000.0 / TIMEOUT_SHARE
 
     def close_short(self, producer: TransactionalProducer) -> int:

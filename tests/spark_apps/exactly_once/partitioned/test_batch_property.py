@@ -6,6 +6,7 @@ import pytest
 
 from eop_spark.contract.errors import PipelineFailed
 from eop_spark.contract.progress_names import ProgressNames
+from eop_spark.contract.spec import Duration
 from eop_spark.exactly_once.batch_markers import batch_marker
 from eop_spark.exactly_once.partitioned.task import (
     BATCH_PROPERTY,
@@ -20,7 +21,7 @@ SINK = SinkSettings(
     topic="out",
     client_config={"bootstrap.servers": "127.0.0.1:9"},
     transactional_id_prefix="eop.ns.p",
-    transaction_timeout="60s",
+    transaction_timeout=Duration("60s"),
     progress=ProgressNames("eop.ns.p"),
     group_metadata=b"",
 )

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 
 from eop_spark.contract.errors import PipelineFailed
+from eop_spark.contract.spec import Duration
 from eop_spark.exactly_once.partitioned.task import PartitionTask, commit_partition
 from eop_spark.exactly_once.progress_group import commit_offsets
 from eop_spark.kafka.transactional_producer import TransactionalProducer
@@ -78,7 +79,7 @@ def slow_task(
 
 def short_timeout(partition: Partition) -> PartitionTask:
     """A task of the batch ``[0, 30)`` with a transaction timeout of 1 s."""
-    sink = dataclasses.replace(partition.sink, transaction_timeout="1s")
+    sink = dataclasses.replace(partition.sink, transaction_timeout=Duration("1s"))
     return PartitionTask(sink, {partition.tp: 30}, LAYOUT, "q:30", "run")
 
 
