@@ -60,8 +60,9 @@ from tests.e2e.test_cluster import _driver_pod, _eventually, _get, _produce
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka, pytest.mark.s3]
 
-#: Apply -> executors Running; a loss -> the pipeline committing again (both on 2 busy cores).
-START_TIMEOUT = 300.0
+#: Apply -> executors Running; a loss -> the pipeline committing again (both on 2 busy cores;
+#: with a load of 20 beside the suite, two executors took 2 minutes to register).
+START_TIMEOUT = 420.0
 RECOVERY_TIMEOUT = 240.0
 #: Records written during each disruption: a burst a second for half a minute.
 BURSTS, BURST = 30, 30
