@@ -544,7 +544,13 @@ class Driver:
         from importlib.metadata import version
 
         jars = spark_kafka_jars()
-        ensure_archive()
+        if os.environ.get("EOP_SPARK_CLASS_ARCHIVE") is None:  # set: that archive, or none
+            try:
+                ensure_archive()
+            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:  # start-up only
+                detail = getattr(exc, "stderr", None) or b""
+                tail = detail[-2000:].decode(errors="replace") if isinstance(detail, bytes) else ""
+                print(f"no JVM class archive, sessions start slower: {exc}\n{tail}", flush=True)
         self.spark = build_session(session_config(config), jars)
         self.spark.sparkContext.setLogLevel("ERROR")
         self.label = f"Spark {version('pyspark')}"
