@@ -611,8 +611,12 @@ def serve() -> int:
     The first request carries the session's config and is answered with the release's
     label; each one after it, ``{"mode", "config"}``, with the copy's timing.
     """
-    reply = sys.stdout
-    sys.stdout = sys.stderr  # whatever else prints stays off the answers
+    # Whatever else prints (this process, the Spark JVM it starts) goes to stderr, off the
+    # answers: they go to a copy of the original stdout.
+    sys.stdout.flush()
+    reply = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     driver: Driver | None = None
     for line in sys.stdin:
         request = json.loads(line)
@@ -632,14 +636,27 @@ def serve() -> int:
     return 0
 
 
+#: Spark's checkpoint file manager on the FileSystem API before Spark 4.1 moved it into a
+#: package of its own: what eop names (runtime.session) is the pinned release's.
+OLD_FILE_SYSTEM_CHECKPOINTS = (
+    "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"
+)
+
+
 def session_config(seed: RunConfig) -> RunConfig:
-    """The session's settings: a 4 GB driver, 4 shuffle partitions."""
+    """The session's settings: a 4 GB driver, 4 shuffle partitions (and, for a ``--versus``
+    pyspark before 4.1, its release's name of the checkpoint file manager eop sets)."""
+    from importlib.metadata import version
+
+    conf = {"spark.sql.shuffle.partitions": "4"}
+    if tuple(int(part) for part in version("pyspark").split(".")[:2]) < (4, 1):
+        conf["spark.sql.streaming.checkpointFileManagerClass"] = OLD_FILE_SYSTEM_CHECKPOINTS
     return seed.model_copy(
         update={
             "spark": seed.spark.model_copy(
                 update={
                     "driver": seed.spark.driver.model_copy(update={"memory": "4g"}),
-                    "conf": {"spark.sql.shuffle.partitions": "4"},
+                    "conf": conf,
                 }
             )
         }
