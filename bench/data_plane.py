@@ -94,6 +94,7 @@ from eop_spark.kafka.client_config import (  # noqa: E402
     spark_source_options,
 )
 from eop_spark.runtime.class_archive_training import ensure_archive  # noqa: E402
+from eop_spark.runtime.jars import connector_jars  # noqa: E402
 from eop_spark.runtime.runner import PipelineRun  # noqa: E402
 from eop_spark.runtime.session import build_session  # noqa: E402
 
@@ -543,7 +544,7 @@ class Driver:
         """Start the session (the connector jars and class archive of this pyspark)."""
         from importlib.metadata import version
 
-        jars = spark_kafka_jars()
+        jars = connector_jars()  # this pyspark's release's
         if os.environ.get("EOP_SPARK_CLASS_ARCHIVE") is None:  # set: that archive, or none
             try:
                 ensure_archive()
@@ -685,6 +686,7 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
     )
 
     with KafkaBroker(work / "kafka", heap="2g", overrides=BROKER_OVERRIDES) as broker:
+        spark_kafka_jars()  # fetched if missing (the pinned release's)
         seed = run_config(broker, work, "session", "x", "y", records, "auto")
         drivers = [Driver(seed)]
         try:
