@@ -22,7 +22,8 @@ import pytest
 
 from devenv.spark_home import shared_spark_home
 
-pytestmark = pytest.mark.spark
+#: ~20 s on 2 cores: a driver, a master, a worker and an executor JVM start.
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 #: Runs in a Python of its own: a local-cluster driver with two one-core executors.
 _DRIVER = """
