@@ -221,7 +221,7 @@ def main() -> None:
     # The worker module pyspark's daemon runs (Spark names it in argv). Its `main` is wrapped
     # before pyspark.daemon is imported: Spark 4.0 takes `main` when the daemon is imported,
     # later releases import the module in each forked worker, and find this one, wrapped.
-    worker = importlib.import_module(worker_module(sys.argv))
+    worker: Any = importlib.import_module(worker_module(sys.argv))
     worker.main = acknowledging(worker.main)
     import pyspark.daemon
 
@@ -231,7 +231,7 @@ def main() -> None:
         hub = producer_hub.start(_local_dir())
         if hub is not None:
             os.environ[producer_hub.SOCKET_ENV] = hub  # inherited by every forked worker
-    pyspark.daemon.manager()  # type: ignore[no-untyped-call]
+    pyspark.daemon.manager()
 
 
 if __name__ == "__main__":
