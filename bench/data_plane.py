@@ -688,10 +688,11 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
     with KafkaBroker(work / "kafka", heap="2g", overrides=BROKER_OVERRIDES) as broker:
         spark_kafka_jars()  # fetched if missing (the pinned release's)
         seed = run_config(broker, work, "session", "x", "y", records, "auto")
-        drivers = [Driver(seed)]
+        # The other driver first: it must not inherit the environment this process's
+        # session sets (SPARK_HOME, PYSPARK_PYTHON: its Python workers would be this pyspark's).
+        drivers = [OtherDriver(seed, args.versus)] if args.versus else []
         try:
-            if args.versus:
-                drivers.append(OtherDriver(seed, args.versus))
+            drivers.insert(0, Driver(seed))
             measure(args, work, broker, drivers)
         finally:
             for driver in drivers:
