@@ -50,6 +50,12 @@ environment and the image (built first if missing, see eop_spark.speedups.class_
     .venv/bin/python -m bench.data_plane                  # 1,000,000 records, 15-30 min on 2 cores
     .venv/bin/python -m bench.data_plane --records 100000 # quick look
 
+``--versus PYTHON`` measures two Spark releases side by side: PYTHON, the interpreter of
+another virtualenv (another pyspark), runs the same contenders in a driver process of its
+own on the same broker and input, each round right after this one's (which goes first
+alternates); the tables come for each release, then the ratio of the two releases' rates
+per contender, paired by round.
+
 The figures, and how to read them: docs/performance.md.
 """
 
@@ -57,10 +63,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -86,6 +94,7 @@ from eop_spark.kafka.client_config import (  # noqa: E402
     spark_source_options,
 )
 from eop_spark.runtime.class_archive_training import ensure_archive  # noqa: E402
+from eop_spark.runtime.jars import connector_jars  # noqa: E402
 from eop_spark.runtime.runner import PipelineRun  # noqa: E402
 from eop_spark.runtime.session import build_session  # noqa: E402
 
@@ -451,7 +460,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--recovery-samples", type=int, default=2)
     parser.add_argument("--work", type=Path, help="work directory (default: a temp dir)")
-    return in_work_dir(parser.parse_args(argv), run_benchmark)
+    parser.add_argument(
+        "--versus",
+        metavar="PYTHON",
+        help="another virtualenv's python (another pyspark): its contenders run side by side",
+    )
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        return serve()
+    return in_work_dir(args, run_benchmark)
 
 
 def in_work_dir(args: argparse.Namespace, run: Callable[[argparse.Namespace, Path], int]) -> int:
@@ -501,7 +519,7 @@ def drop(broker: KafkaBroker, topic: str) -> None:
 
 
 def copy_topic(
-    spark: Any,
+    driver: Driver,
     broker: KafkaBroker,
     work: Path,
     name: str,
@@ -516,13 +534,140 @@ def copy_topic(
     broker.create_topic(sink, PARTITIONS)
     commit_mode = "auto" if mode in TIMED else mode
     config = run_config(broker, work, name, source, sink, records, commit_mode, batches=batches)
-    return TIMED.get(mode, timed_eop)(spark, config)
+    return driver.copy(mode, config)
+
+
+class Driver:
+    """The Spark session the contenders run in: this process's."""
+
+    def __init__(self, config: RunConfig) -> None:
+        """Start the session (the connector jars and class archive of this pyspark)."""
+        from importlib.metadata import version
+
+        jars = connector_jars()  # this pyspark's release's
+        if os.environ.get("EOP_SPARK_CLASS_ARCHIVE") is None:  # set: that archive, or none
+            try:
+                ensure_archive()
+            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:  # start-up only
+                detail = getattr(exc, "stderr", None) or b""
+                tail = detail[-2000:].decode(errors="replace") if isinstance(detail, bytes) else ""
+                print(f"no JVM class archive, sessions start slower: {exc}\n{tail}", flush=True)
+        self.spark = build_session(session_config(config), jars)
+        self.spark.sparkContext.setLogLevel("ERROR")
+        self.label = f"Spark {version('pyspark')}"
+        self.pid = os.getpid()
+
+    def copy(self, mode: str, config: RunConfig) -> Timing:
+        """Run contender ``mode`` with ``config``; its timing."""
+        return TIMED.get(mode, timed_eop)(self.spark, config)
+
+    def stop(self) -> None:
+        """Stop the session."""
+        self.spark.stop()
+
+
+class OtherDriver(Driver):
+    """A session in a driver process of another Python (another pyspark): ``--versus``."""
+
+    def __init__(self, config: RunConfig, python: str) -> None:
+        """Start ``python -m bench.data_plane --serve`` and wait for its session."""
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "spark_apps")])}
+        self.process = subprocess.Popen(
+            [python, "-m", "bench.data_plane", "--serve"],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.pid = self.process.pid
+        self.label = self._ask({"config": config.model_dump(mode="json", by_alias=True)})["label"]
+
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        print(json.dumps(request), file=self.process.stdin, flush=True)
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the --versus driver exited ({self.process.wait()})")
+        answer: dict[str, Any] = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"the --versus driver failed: {answer['error']}")
+        return answer
+
+    def copy(self, mode: str, config: RunConfig) -> Timing:
+        """Run contender ``mode`` in the other driver; its timing."""
+        answer = self._ask({"mode": mode, "config": config.model_dump(mode="json", by_alias=True)})
+        return Timing(answer["wall_s"], answer["batches_s"])
+
+    def stop(self) -> None:
+        """Close its input: it stops its session and exits."""
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(120)
+
+
+def serve() -> int:
+    """``--serve``: the driver of ``--versus``. JSON lines in, JSON lines out on stdio.
+
+    The first request carries the session's config and is answered with the release's
+    label; each one after it, ``{"mode", "config"}``, with the copy's timing.
+    """
+    # Whatever else prints (this process, the Spark JVM it starts) goes to stderr, off the
+    # answers: they go to a copy of the original stdout.
+    sys.stdout.flush()
+    reply = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    driver: Driver | None = None
+    for line in sys.stdin:
+        request = json.loads(line)
+        config = RunConfig.model_validate(request["config"])
+        try:
+            if driver is None:
+                driver = Driver(config)
+                answer: dict[str, Any] = {"label": driver.label}
+            else:
+                timing = driver.copy(request["mode"], config)
+                answer = {"wall_s": timing.wall_s, "batches_s": timing.batches_s}
+        except Exception as exc:  # told to the benchmark, which stops
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(answer), file=reply, flush=True)
+    if driver is not None:
+        driver.stop()
+    return 0
+
+
+#: Spark's checkpoint file manager on the FileSystem API before Spark 4.1 moved it into a
+#: package of its own: what eop names (runtime.session) is the pinned release's.
+OLD_FILE_SYSTEM_CHECKPOINTS = (
+    "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"
+)
+
+
+def session_config(seed: RunConfig) -> RunConfig:
+    """The session's settings: a 4 GB driver, 4 shuffle partitions (and, for a ``--versus``
+    pyspark before 4.1, its release's name of the checkpoint file manager eop sets)."""
+    from importlib.metadata import version
+
+    conf = {"spark.sql.shuffle.partitions": "4"}
+    if tuple(int(part) for part in version("pyspark").split(".")[:2]) < (4, 1):
+        conf["spark.sql.streaming.checkpointFileManagerClass"] = OLD_FILE_SYSTEM_CHECKPOINTS
+    return seed.model_copy(
+        update={
+            "spark": seed.spark.model_copy(
+                update={
+                    "driver": seed.spark.driver.model_copy(update={"memory": "4g"}),
+                    "conf": conf,
+                }
+            )
+        }
+    )
 
 
 def run_benchmark(args: argparse.Namespace, work: Path) -> int:
     """Run every measurement in ``work`` and print the figures."""
     records = args.records
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = sizes_of(args)
     work.mkdir(parents=True, exist_ok=True)
     needed, free = disk_needed(records, sizes), shutil.disk_usage(work).free
     if needed > free:
@@ -541,174 +686,227 @@ def run_benchmark(args: argparse.Namespace, work: Path) -> int:
     )
 
     with KafkaBroker(work / "kafka", heap="2g", overrides=BROKER_OVERRIDES) as broker:
-        jars = spark_kafka_jars()
-        ensure_archive()
+        spark_kafka_jars()  # fetched if missing (the pinned release's)
         seed = run_config(broker, work, "session", "x", "y", records, "auto")
-        session = seed.model_copy(
-            update={
-                "spark": seed.spark.model_copy(
-                    update={
-                        "driver": seed.spark.driver.model_copy(update={"memory": "4g"}),
-                        "conf": {"spark.sql.shuffle.partitions": "4"},
-                    }
-                )
-            }
-        )
-        spark = build_session(session, jars)
-        assert broker.pid is not None
-        # CPU of the broker, and of this process with the Spark JVM and its Python workers.
-        cpu_roots = (broker.pid, os.getpid())
-        spark.sparkContext.setLogLevel("ERROR")
-
-        # Warm-up, not measured: Python workers, connector classes, and the JIT of Spark's
-        # JVM and of the broker, which a pipeline and a broker that have been up a while
-        # have behind them. With -XX:+PrintCompilation both JVMs still compiled hundreds of
-        # methods per million-record copy after two or three, and most were per-request and
-        # per-batch code (the broker's KafkaApis.handle reached C2 in the fourth copy): that
-        # code warms with the number of requests and batches, not of records, and
-        # transactions make more kinds of requests, so the warm-up runs many small batches.
-        warm = warm_up_records(records)
-        broker.create_topic("warm-in", PARTITIONS)
-        fill(broker, "warm-in", warm, 100)
-        for copy in range(WARM_UP_COPIES):
-            for mode in MODES:
-                name = f"warm-{mode}-{copy}"
-                copy_topic(
-                    spark, broker, work, name, "warm-in", warm, mode, batches=WARM_UP_BATCHES
-                )
-                drop(broker, f"out-{name}")
-        drop(broker, "warm-in")
-
-        rows = []
-        pairs: list[tuple[int, dict[str, list[float]], dict[str, list[float]]]] = []
-        for size in sizes:
-            source = f"in-{size}"
-            broker.create_topic(source, PARTITIONS)
-            fill(broker, source, records, size)
-            assert sum(end_offsets(broker, source).values()) == records
-            figures: dict[str, float] = {}
-            round_cpu: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
-            walls: dict[str, list[float]] = {mode: [] for mode in MODES}
-            sustains: dict[str, list[float]] = {mode: [] for mode in MODES}
-            work_cpu: dict[str, list[float]] = {mode: [] for mode in MODES}
-            # One unmeasured copy of this size each: the warm-up above is of 100-byte
-            # records, and without it every contender's 1 KiB rounds got faster one after
-            # the other (Spark's sink 10.5 s in its first round, 6.9 s in its last).
-            for mode in MODES:
-                copy_topic(spark, broker, work, f"warm-{mode}-{size}", source, records, mode)
-                drop(broker, f"out-warm-{mode}-{size}")
-            for round_ in range(args.rounds):
-                turn = round_ % len(MODES)
-                for mode in MODES[turn:] + MODES[:turn]:
-                    name = f"{mode}-{size}-{round_}"
-                    before = cpu_seconds(*cpu_roots)
-                    timing = copy_topic(spark, broker, work, name, source, records, mode)
-                    after = cpu_seconds(*cpu_roots)
-                    (broker_cpu, broker_jit), (spark_cpu, spark_jit) = (
-                        (a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before, strict=True)
-                    )
-                    jit = broker_jit + spark_jit
-                    work_cpu[mode].append(broker_cpu + spark_cpu - jit)
-                    wall, sustained = timing.rate(records), timing.rate(records, sustained=True)
-                    round_cpu[mode].append((broker_cpu, spark_cpu))
-                    walls[mode].append(wall)
-                    sustains[mode].append(sustained)
-                    written = copy_count(broker, f"out-{name}")
-                    drop(broker, f"out-{name}")
-                    print(
-                        f"  {size:>5} B {mode:<12} round {round_} {timing.wall_s:7.1f} s "
-                        f"{wall:>10,.0f} rec/s; batches {timing.batches_s:5.1f} s "
-                        f"{sustained:>10,.0f} rec/s; CPU s broker {broker_cpu:5.1f} "
-                        f"spark {spark_cpu:5.1f}"
-                        f"  (read_committed sees {written:,})",
-                        flush=True,
-                    )
-            broker.create_topic(f"perf-{size}", PARTITIONS)
-            figures["ceiling"] = producer_perf(broker, f"perf-{size}", records, size)
-            drop(broker, f"perf-{size}")
-            drop(broker, source)
-            figures |= {mode: max(walls[mode]) for mode in MODES}
-            figures |= {f"{mode}/s": max(sustains[mode]) for mode in MODES}
-            figures |= {f"{mode}/m": statistics.median(walls[mode]) for mode in MODES}
-            # The CPU of each contender's best round (the first, if two tie).
-            cpu = {m: round_cpu[m][walls[m].index(max(walls[m]))] for m in MODES}
-            figures |= {f"{mode}/cpu": statistics.median(work_cpu[mode]) for mode in MODES}
-            print(f"  {size:>5} B ProducerPerf {figures['ceiling']:>18,.0f} rec/s", flush=True)
-            rows.append((size, figures, cpu))
-            pairs.append((size, walls, sustains))
-        spark.stop()
-
-        for title, suffix in (
-            ("records/s, query start to end", ""),
-            ("records/s while batches run (Spark's triggerExecution)", "/s"),
-            ("records/s, query start to end, median round instead of best", "/m"),
-        ):
-            print(
-                f"\n{title}\n"
-                "                   (a) spark sink  (b) partitioned  (c) coordinated  "
-                "(d) producer perf  (e) no transactions   b/a   c/a   b/d   e/a   b/e"
-            )
-            for size, f, _ in rows:
-                a, b, c, e = (f[f"{m}{suffix}"] for m in MODES)
-                d = f["ceiling"]
-                print(
-                    f"{size:>5} B records  {a:>15,.0f} {b:>16,.0f} {c:>16,.0f} {d:>18,.0f}"
-                    f" {e:>20,.0f}  {b / a:4.2f}  {c / a:4.2f}  {b / d:4.2f}"
-                    f"  {e / a:4.2f}  {b / e:4.2f}"
-                )
-
-        print(
-            "\nPaired: the median over rounds of the ratio of two contenders' rates in the same "
-            "round\n(query start to end, and while batches run; per-round b/a in round order)\n"
-            "                   b/a   c/a   e/a   b/e   b/a while batches run   b/a by round"
-        )
-        for size, rates, busy in pairs:
-            b_a = round_ratios(rates["partitioned"], rates["builtin"])
-            print(
-                f"{size:>5} B records  "
-                + "  ".join(
-                    f"{paired_ratio(rates[n], rates[d]):4.2f}"
-                    for n, d in (
-                        ("partitioned", "builtin"),
-                        ("coordinated", "builtin"),
-                        ("plain", "builtin"),
-                        ("partitioned", "plain"),
-                    )
-                )
-                + f"   {paired_ratio(busy['partitioned'], busy['builtin']):20.2f}   "
-                + " ".join(f"{r:4.2f}" for r in b_a)
-            )
-
-        print(
-            "\nCPU seconds of each contender's best round (broker + Spark driver, JVM and "
-            "Python workers)\n                   (a) spark sink  (b) partitioned  (c) coordinated"
-            "  (e) no transactions"
-        )
-        for size, _, spent in rows:
-            cells = [f"{spent[m][0]:5.1f} + {spent[m][1]:5.1f}" for m in MODES]
-            print(
-                f"{size:>5} B records  {cells[0]:>15} {cells[1]:>16} {cells[2]:>16} {cells[3]:>20}"
-            )
-
-        print(
-            "\nCPU seconds per copy without the JIT compilers' threads (median round; broker, "
-            "JVM and Python workers):\nwhat a copy costs once its code is compiled, and the "
-            "ratio of rates a machine with no CPU to spare would give\n"
-            "                   (a) spark sink  (b) partitioned  (c) coordinated"
-            "  (e) no transactions   a/b   a/c   a/e   e/b"
-        )
-        for size, f, _ in rows:
-            a, b, c, e = (f[f"{m}/cpu"] for m in MODES)
-            print(
-                f"{size:>5} B records  {a:>15.1f} {b:>16.1f} {c:>16.1f} {e:>20.1f}"
-                f"  {a / b:4.2f}  {a / c:4.2f}  {a / e:4.2f}  {e / b:4.2f}"
-            )
+        # The other driver first: it must not inherit the environment this process's
+        # session sets (SPARK_HOME, PYSPARK_PYTHON: its Python workers would be this pyspark's).
+        drivers = [OtherDriver(seed, args.versus)] if args.versus else []
+        try:
+            drivers.insert(0, Driver(seed))
+            measure(args, work, broker, drivers)
+        finally:
+            for driver in drivers:
+                driver.stop()
 
         if args.recovery_samples:
             recovery = measure_recovery(broker, work, args.recovery_samples)
             shown = ", ".join(f"{r:.1f} s" for r in recovery)
             print(f"\nrecovery (SIGKILL -> first committed batch after restart): {shown}")
     return 0
+
+
+@dataclass
+class Rounds:
+    """One Spark release's measured rounds of one record size, per contender."""
+
+    walls: dict[str, list[float]]  # records/s, query start to end
+    sustains: dict[str, list[float]]  # records/s while batches run
+    cpu: dict[str, list[tuple[float, float]]]  # CPU seconds of the broker and of Spark
+    work_cpu: dict[str, list[float]]  # the two together without the JIT compilers' threads
+
+    @classmethod
+    def empty(cls) -> Rounds:
+        """No round yet."""
+        return cls(
+            {m: [] for m in MODES},
+            {m: [] for m in MODES},
+            {m: [] for m in MODES},
+            {m: [] for m in MODES},
+        )
+
+
+def measure(
+    args: argparse.Namespace, work: Path, broker: KafkaBroker, drivers: list[Driver]
+) -> None:
+    """Warm every driver up, run the rounds of each size, print the tables."""
+    records = args.records
+    assert broker.pid is not None
+    # CPU of the broker, and of each driver with its JVM and Python workers.
+    cpu_roots = (broker.pid, *(driver.pid for driver in drivers))
+
+    # Warm-up, not measured: Python workers, connector classes, and the JIT of Spark's
+    # JVM and of the broker, which a pipeline and a broker that have been up a while
+    # have behind them. With -XX:+PrintCompilation both JVMs still compiled hundreds of
+    # methods per million-record copy after two or three, and most were per-request and
+    # per-batch code (the broker's KafkaApis.handle reached C2 in the fourth copy): that
+    # code warms with the number of requests and batches, not of records, and
+    # transactions make more kinds of requests, so the warm-up runs many small batches.
+    warm = warm_up_records(records)
+    broker.create_topic("warm-in", PARTITIONS)
+    fill(broker, "warm-in", warm, 100)
+    for at, driver in enumerate(drivers):
+        for copy in range(WARM_UP_COPIES):
+            for mode in MODES:
+                name = f"warm-{mode}-{copy}-{at}"
+                copy_topic(
+                    driver, broker, work, name, "warm-in", warm, mode, batches=WARM_UP_BATCHES
+                )
+                drop(broker, f"out-{name}")
+    drop(broker, "warm-in")
+
+    measured: dict[int, list[Rounds]] = {}
+    ceilings: dict[int, float] = {}
+    for size in sizes_of(args):
+        source = f"in-{size}"
+        broker.create_topic(source, PARTITIONS)
+        fill(broker, source, records, size)
+        assert sum(end_offsets(broker, source).values()) == records
+        measured[size] = [Rounds.empty() for _ in drivers]
+        # One unmeasured copy of this size each: the warm-up above is of 100-byte
+        # records, and without it every contender's 1 KiB rounds got faster one after
+        # the other (Spark's sink 10.5 s in its first round, 6.9 s in its last).
+        for at, driver in enumerate(drivers):
+            for mode in MODES:
+                name = f"warm-{mode}-{size}-{at}"
+                copy_topic(driver, broker, work, name, source, records, mode)
+                drop(broker, f"out-{name}")
+        for round_ in range(args.rounds):
+            turn = round_ % len(MODES)
+            order = list(enumerate(drivers))
+            for at, driver in order[round_ % 2 :] + order[: round_ % 2]:
+                for mode in MODES[turn:] + MODES[:turn]:
+                    name = f"{mode}-{size}-{round_}-{at}"
+                    before = cpu_seconds(*cpu_roots)
+                    timing = copy_topic(driver, broker, work, name, source, records, mode)
+                    after = cpu_seconds(*cpu_roots)
+                    spent = [(a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before, strict=True)]
+                    broker_cpu, spark_cpu = spent[0][0], spent[1 + at][0]
+                    jit = spent[0][1] + spent[1 + at][1]
+                    wall, sustained = timing.rate(records), timing.rate(records, sustained=True)
+                    rounds = measured[size][at]
+                    rounds.work_cpu[mode].append(broker_cpu + spark_cpu - jit)
+                    rounds.cpu[mode].append((broker_cpu, spark_cpu))
+                    rounds.walls[mode].append(wall)
+                    rounds.sustains[mode].append(sustained)
+                    written = copy_count(broker, f"out-{name}")
+                    drop(broker, f"out-{name}")
+                    print(
+                        f"  {size:>5} B {mode:<12} round {round_} {driver.label:<11} "
+                        f"{timing.wall_s:7.1f} s {wall:>10,.0f} rec/s; batches "
+                        f"{timing.batches_s:5.1f} s {sustained:>10,.0f} rec/s; CPU s broker "
+                        f"{broker_cpu:5.1f} spark {spark_cpu:5.1f}"
+                        f"  (read_committed sees {written:,})",
+                        flush=True,
+                    )
+        broker.create_topic(f"perf-{size}", PARTITIONS)
+        ceilings[size] = producer_perf(broker, f"perf-{size}", records, size)
+        drop(broker, f"perf-{size}")
+        drop(broker, source)
+        print(f"  {size:>5} B ProducerPerf {ceilings[size]:>18,.0f} rec/s", flush=True)
+
+    for at, driver in enumerate(drivers):
+        print_tables(
+            driver.label if len(drivers) > 1 else "",
+            {size: per_driver[at] for size, per_driver in measured.items()},
+            ceilings,
+        )
+    if len(drivers) == 2:
+        print_versus(drivers[1].label, drivers[0].label, measured)
+
+
+def sizes_of(args: argparse.Namespace) -> list[int]:
+    """The record sizes of ``--sizes``."""
+    return [int(s) for s in args.sizes.split(",")]
+
+
+def print_versus(other: str, this: str, measured: dict[int, list[Rounds]]) -> None:
+    """Each contender's rate under one release divided by its rate under the other."""
+    print(
+        f"\n{other} / {this}: the median over rounds of one contender's rate under {other} "
+        f"divided by its rate under {this} in the same round\n(query start to end; while "
+        "batches run in brackets)\n"
+        "                   (a) spark sink  (b) partitioned  (c) coordinated  (e) no transactions"
+    )
+    for size, (mine, theirs) in measured.items():
+        cells = [
+            f"{paired_ratio(theirs.walls[m], mine.walls[m]):.2f} "
+            f"({paired_ratio(theirs.sustains[m], mine.sustains[m]):.2f})"
+            for m in MODES
+        ]
+        print(f"{size:>5} B records  {cells[0]:>15} {cells[1]:>16} {cells[2]:>16} {cells[3]:>20}")
+
+
+def print_tables(label: str, measured: dict[int, Rounds], ceilings: dict[int, float]) -> None:
+    """The tables of one release's rounds (``label`` before each title when there are two)."""
+    prefix = f"{label}: " if label else ""
+    for title, pick in (
+        ("records/s, query start to end", lambda r, m: max(r.walls[m])),
+        ("records/s while batches run (Spark's triggerExecution)", lambda r, m: max(r.sustains[m])),
+        (
+            "records/s, query start to end, median round instead of best",
+            lambda r, m: statistics.median(r.walls[m]),
+        ),
+    ):
+        print(
+            f"\n{prefix}{title}\n"
+            "                   (a) spark sink  (b) partitioned  (c) coordinated  "
+            "(d) producer perf  (e) no transactions   b/a   c/a   b/d   e/a   b/e"
+        )
+        for size, rounds in measured.items():
+            a, b, c, e = (pick(rounds, m) for m in MODES)
+            d = ceilings[size]
+            print(
+                f"{size:>5} B records  {a:>15,.0f} {b:>16,.0f} {c:>16,.0f} {d:>18,.0f}"
+                f" {e:>20,.0f}  {b / a:4.2f}  {c / a:4.2f}  {b / d:4.2f}"
+                f"  {e / a:4.2f}  {b / e:4.2f}"
+            )
+
+    print(
+        f"\n{prefix}Paired: the median over rounds of the ratio of two contenders' rates in the "
+        "same round\n(query start to end, and while batches run; per-round b/a in round order)\n"
+        "                   b/a   c/a   e/a   b/e   b/a while batches run   b/a by round"
+    )
+    for size, rounds in measured.items():
+        rates, busy = rounds.walls, rounds.sustains
+        b_a = round_ratios(rates["partitioned"], rates["builtin"])
+        print(
+            f"{size:>5} B records  "
+            + "  ".join(
+                f"{paired_ratio(rates[n], rates[d]):4.2f}"
+                for n, d in (
+                    ("partitioned", "builtin"),
+                    ("coordinated", "builtin"),
+                    ("plain", "builtin"),
+                    ("partitioned", "plain"),
+                )
+            )
+            + f"   {paired_ratio(busy['partitioned'], busy['builtin']):20.2f}   "
+            + " ".join(f"{r:4.2f}" for r in b_a)
+        )
+
+    print(
+        f"\n{prefix}CPU seconds of each contender's best round (broker + Spark driver, JVM and "
+        "Python workers)\n                   (a) spark sink  (b) partitioned  (c) coordinated"
+        "  (e) no transactions"
+    )
+    for size, rounds in measured.items():
+        best = {m: rounds.cpu[m][rounds.walls[m].index(max(rounds.walls[m]))] for m in MODES}
+        cells = [f"{best[m][0]:5.1f} + {best[m][1]:5.1f}" for m in MODES]
+        print(f"{size:>5} B records  {cells[0]:>15} {cells[1]:>16} {cells[2]:>16} {cells[3]:>20}")
+
+    print(
+        f"\n{prefix}CPU seconds per copy without the JIT compilers' threads (median round; "
+        "broker, JVM and Python workers):\nwhat a copy costs once its code is compiled, and the "
+        "ratio of rates a machine with no CPU to spare would give\n"
+        "                   (a) spark sink  (b) partitioned  (c) coordinated"
+        "  (e) no transactions   a/b   a/c   a/e   e/b"
+    )
+    for size, rounds in measured.items():
+        a, b, c, e = (statistics.median(rounds.work_cpu[m]) for m in MODES)
+        print(
+            f"{size:>5} B records  {a:>15.1f} {b:>16.1f} {c:>16.1f} {e:>20.1f}"
+            f"  {a / b:4.2f}  {a / c:4.2f}  {a / e:4.2f}  {e / b:4.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -18,15 +18,16 @@
 #                Hadoop pyspark ships) with the AWS SDK v2 modules it uses ($AWS_SDK_VERSION: s3,
 #                s3-transfer-manager, apache-client, sts for web-identity logins) instead of the
 #                SDK's `bundle` of every AWS service, and Spark's spark-hadoop-cloud of
-#                $SPARK_VERSION alone (its checkpoint file manager for object stores), minus what
-#                pyspark ships
+#                $SPARK_HADOOP_CLOUD_VERSION alone (its checkpoint file manager for object
+#                stores), minus what pyspark ships
 #
 # Usage: devenv/fetch-jars.sh [kafka|kafka-field|spark|s3a]...   (no argument: all). Prints the
 # directories, one per argument.
 #
 # Versions come from devenv/versions.env: KAFKA_VERSION, KAFKA_FIELD_VERSION, SCALA_BINARY_VERSION,
-# SPARK_VERSION, HADOOP_VERSION, AWS_SDK_VERSION. The connector is always Spark's own release: a Spark release
-# whose connector is not on Maven Central is an error here, not a silent mix of releases.
+# SPARK_VERSION, SPARK_HADOOP_CLOUD_VERSION, HADOOP_VERSION, AWS_SDK_VERSION. The connector is
+# always Spark's own release: a Spark release whose connector is not on Maven Central is an
+# error here, not a silent mix of releases.
 #
 # The cache root is ${EOP_CACHE:-~/.cache/eop}; Maven's local repository stays at its default
 # (~/.m2), so a re-fetch after `rm -rf` of the cache downloads nothing. Idempotent: a complete
@@ -41,7 +42,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/versions.env"
 : "${KAFKA_VERSION:?not set in versions.env}" "${KAFKA_FIELD_VERSION:?}" "${SPARK_VERSION:?}"
 : "${SCALA_BINARY_VERSION:?}"
-: "${HADOOP_VERSION:?}" "${AWS_SDK_VERSION:?}"
+: "${HADOOP_VERSION:?}" "${AWS_SDK_VERSION:?}" "${SPARK_HADOOP_CLOUD_VERSION:?}"
 cache="${EOP_CACHE:-$HOME/.cache/eop}"
 
 # Not components of their own, only how they are fetched: the broker's logging backend (Kafka's
@@ -252,7 +253,7 @@ fetch_s3a() {
   pom="$(pom_xml spark-s3a-jars \
     "$(dep org.apache.hadoop hadoop-aws "$HADOOP_VERSION" "$no_bundle")" \
     "${sdk[@]}" \
-    "$(dep org.apache.spark "spark-hadoop-cloud_${SCALA_BINARY_VERSION}" "$SPARK_VERSION" "$none")")"
+    "$(dep org.apache.spark "spark-hadoop-cloud_${SCALA_BINARY_VERSION}" "$SPARK_HADOOP_CLOUD_VERSION" "$none")")"
   stamp="$(digest <<<"$pom")"
   if [[ "$(cat "$dest/.complete" 2>/dev/null)" == "$stamp" ]]; then
     echo "$dest/jars"
@@ -269,7 +270,8 @@ fetch_s3a() {
         "devenv/versions.env to its version (and AWS_SDK_VERSION to the one that hadoop-aws names)"
       exit 1
     fi
-    log "fetching hadoop-aws $HADOOP_VERSION, AWS SDK $AWS_SDK_VERSION and spark-hadoop-cloud into $dest"
+    log "fetching hadoop-aws $HADOOP_VERSION, AWS SDK $AWS_SDK_VERSION and" \
+      "spark-hadoop-cloud $SPARK_HADOOP_CLOUD_VERSION into $dest"
     printf '%s\n' "$pom" >"$dest/pom.xml"
     if ! copy_deps "$dest/pom.xml" "$dest/all" "$dest/mvn.log"; then
       tail -n 30 "$dest/mvn.log" >&2

@@ -122,8 +122,7 @@ def test_rpc_is_authenticated_and_encrypted_with_a_mounted_key(manifest: dict[st
     conf = _conf(objects)
     assert conf["spark.authenticate"] == "true"
     assert conf["spark.network.crypto.enabled"] == "true"
-    # AES-GCM would be better, but breaks Spark 4.0.0's RPC (SPARK-56227).
-    assert conf["spark.network.crypto.cipher"] == "AES/CTR/NoPadding"
+    assert conf["spark.network.crypto.cipher"] == "AES/GCM/NoPadding"  # tampering detected
     assert conf["spark.network.crypto.authEngineVersion"] == "2"
     assert conf["spark.network.crypto.saslFallback"] == "false"
     key_file = conf["spark.authenticate.secret.file"]

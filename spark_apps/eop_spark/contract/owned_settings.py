@@ -156,10 +156,10 @@ SINK_OPTIONS = _kafka_options(
 RPC_SECURITY_CONF = {
     "spark.authenticate": "true",
     "spark.network.crypto.enabled": "true",
-    # AES-CTR, Spark's default. AES-GCM (authenticated encryption) loses every message after
-    # the first on a channel in Spark 4.0.0 (SPARK-56227): an executor never gets the driver's
-    # settings.
-    "spark.network.crypto.cipher": "AES/CTR/NoPadding",
+    # AES-GCM: authenticated encryption, so tampering on the wire fails the message (Spark's
+    # default, AES-CTR, only hides it). Before Spark 4.2.0 GCM lost every message after a
+    # channel's first (SPARK-56227); tests/spark_apps/runtime/test_rpc_security.py runs it.
+    "spark.network.crypto.cipher": "AES/GCM/NoPadding",
     # Version 2 derives the session keys as the protocol's fix for version 1 does.
     "spark.network.crypto.authEngineVersion": "2",
     # No downgrade to SASL DIGEST-MD5 for a peer that does not speak AES.

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 #: Spark's checkpoint file manager on the FileSystem API (see :func:`session_conf`).
 FILE_SYSTEM_CHECKPOINTS = (
-    "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 )
 #: spark-hadoop-cloud's checkpoint file manager for object stores (see :func:`session_conf`).
 OBJECT_STORE_CHECKPOINTS = (

@@ -203,6 +203,11 @@ def acknowledging(main: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     return worker_main
 
 
+def worker_module(argv: list[str]) -> str:
+    """The module whose ``main`` pyspark's daemon runs in each worker, as the daemon finds it."""
+    return argv[1] if len(argv) > 1 and argv[1].startswith("pyspark") else "pyspark.worker"
+
+
 def _dump_stacks_on_sigusr1() -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
 
@@ -213,9 +218,12 @@ def main() -> None:
     keep_freed_memory()  # inherited by every forked worker
     drop_spark_archives()
     preload()
-    import pyspark.daemon  # reads the worker module from sys.argv
-
-    pyspark.daemon.worker_main = acknowledging(pyspark.daemon.worker_main)
+    # The worker module pyspark's daemon runs (Spark names it in argv). Its `main` is wrapped
+    # before pyspark.daemon is imported: Spark 4.0 takes `main` when the daemon is imported,
+    # later releases import the module in each forked worker, and find this one, wrapped.
+    worker: Any = importlib.import_module(worker_module(sys.argv))
+    worker.main = acknowledging(worker.main)
+    import pyspark.daemon
 
     gc.collect()
     gc.freeze()
@@ -223,7 +231,7 @@ def main() -> None:
         hub = producer_hub.start(_local_dir())
         if hub is not None:
             os.environ[producer_hub.SOCKET_ENV] = hub  # inherited by every forked worker
-    pyspark.daemon.manager()  # type: ignore[no-untyped-call]
+    pyspark.daemon.manager()
 
 
 if __name__ == "__main__":

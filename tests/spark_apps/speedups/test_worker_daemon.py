@@ -108,11 +108,16 @@ def _zip_importers(_: object) -> Iterator[list[str]]:
     yield [key for key, finder in cache.items() if isinstance(finder, zipimport.zipimporter)]
 
 
+def _worker_main(_: object) -> Iterator[str]:
+    yield sys.modules["pyspark.worker"].main.__qualname__
+
+
 @pytest.mark.spark
-def test_real_python_workers_keep_no_importer_of_sparks_archives(
+def test_real_python_workers_keep_no_importer_of_sparks_archives_and_ack_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each such importer costs every task a re-read of the archive (the spark-core jar)."""
+    """Each such importer costs every task a re-read of the archive (the spark-core jar);
+    and the task runs in eop's quick-ACK reader, not pyspark's own (`acknowledging`)."""
     from eop_spark.runtime.session import build_session
 
     for name in ("PYTHONPATH", "PYSPARK_PYTHON", "SPARK_LOCAL_IP", "SPARK_HOME"):
@@ -120,9 +125,18 @@ def test_real_python_workers_keep_no_importer_of_sparks_archives(
     spark = build_session(make_config(checkpointRoot=str(tmp_path)), [])
     try:
         found = spark.sparkContext.parallelize(range(2), 2).mapPartitions(_zip_importers).collect()
+        mains = spark.sparkContext.parallelize(range(2), 2).mapPartitions(_worker_main).collect()
     finally:
         spark.stop()
     assert found == [[], []]
+    assert mains == ["acknowledging.<locals>.worker_main"] * 2
+
+
+def test_the_worker_module_is_the_one_pysparks_daemon_runs() -> None:
+    assert worker_daemon.worker_module(["daemon.py", "pyspark.worker"]) == "pyspark.worker"
+    assert worker_daemon.worker_module(["d", "pyspark.sql.worker.x"]) == "pyspark.sql.worker.x"
+    assert worker_daemon.worker_module(["daemon.py"]) == "pyspark.worker"
+    assert worker_daemon.worker_module(["daemon.py", "other"]) == "pyspark.worker"
 
 
 def _tunables(_: object) -> Iterator[str | None]:

@@ -11,8 +11,9 @@ The jar is named after a hash of the source, so a changed source never meets an
 old jar.  The image builds it into ``/opt/eop/jars`` (this file run alone,
 ``python jvm_writer.py OUT_DIR CONNECTOR_JARS_DIR``, next to the Java source);
 the dev environment builds it on first use into
-``${EOP_CACHE:-~/.cache/eop}/jvm-writer/``, with the JDK's ``javac`` against
-pyspark's jars and the Kafka connector's.  Without a JDK nor a built jar the
+``${EOP_CACHE:-~/.cache/eop}/jvm-writer/<pyspark version>/``, with the JDK's
+``javac`` against pyspark's jars and the Kafka connector's (so a jar compiled
+against one Spark release never runs on another).  Without a JDK nor a built jar the
 partitioned sink keeps its Python tasks.
 """
 
@@ -111,8 +112,11 @@ def jar_name() -> str:
 
 
 def cache_dir() -> Path:
-    """Where the dev environment keeps built jars."""
-    return Path(os.environ.get("EOP_CACHE", Path.home() / ".cache" / "eop")) / "jvm-writer"
+    """Where the dev environment keeps the jars built against this pyspark's Spark."""
+    from importlib.metadata import version
+
+    root = Path(os.environ.get("EOP_CACHE", Path.home() / ".cache" / "eop"))
+    return root / "jvm-writer" / version("pyspark")
 
 
 def find_jar(dirs: Iterable[Path]) -> Path | None:
