@@ -194,13 +194,85 @@ def test_windows_of_a_stateful_count_verify_once_each_with_the_recounted_value(
     assert f'"impressions":{window["impressions"] + 1}' in section(report, "unexpected")
 
 
-def test_a_stateful_query_in_update_mode_is_refused_with_exit_2(
+#: A count per key in output mode update: every micro-batch re-emits the counts it changed.
+COUNTING = {
+    "sql": "SELECT key, CAST(count(*) AS STRING) AS value FROM source GROUP BY key",
+    "outputMode": "update",
+}
+
+
+@pytest.mark.slow
+def test_the_last_value_per_key_of_an_update_mode_count_verifies_and_faults_are_reported(
+    make_pipeline: PipelineFactory, spark: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Output mode update: the sink's last record of each key holds the recounted final
+    count (earlier updates are not compared); a later wrong value and a lost key are caught."""
+    pipeline = make_pipeline(source_partitions=2, sink_partitions=1)
+    # 'early' is in the first micro-batch only; k0-k4 are in every one (50 records a batch).
+    records = [("early", "e", 0), *((f"k{i % 5}", "v", i % 2) for i in range(200))]
+    produce(pipeline.broker, pipeline.source_topic, records)
+    run_config = pipeline.config(
+        source={
+            "kafka": {
+                "bootstrapServers": pipeline.broker.bootstrap_servers,
+                "topics": [pipeline.source_topic],
+                "maxOffsetsPerTrigger": 50,
+            }
+        },
+        transform=COUNTING,
+        trigger={"availableNow": True},
+    )
+    runner = pipeline.start(run_config)
+    assert runner.wait(300) == 0, runner.tail()
+    config = pipeline.write_config(run_config, "verify.json")
+    output = read_committed_messages(pipeline.broker, pipeline.sink_topic)
+    first_batch = {m.key().decode() for m in output[:6]}
+    assert first_batch == {"early", "k0", "k1", "k2", "k3", "k4"}, output[:6]
+    assert len(output) > 6 + 5  # later batches updated the counts
+    code, report = verify(capsys, config)
+    assert code == 0, report
+    assert counts(report) == dict.fromkeys(COUNTS, 0) | {
+        "records in": len(records),
+        "expected out": 6,
+        "found in sink": 6,
+    }
+    assert "output mode update): the last value per key" in report
+
+    # A later record of a key with another value, outside the pipeline's transactions.
+    produce(pipeline.broker, pipeline.sink_topic, [("k3", "999", 0)])
+    code, report = verify(capsys, config)
+    assert code == 7, report
+    assert (counts(report)["missing"], counts(report)["unexpected"]) == (1, 1), report
+    assert "key='k3' value='40': expected 1, found 0" in section(report, "missing")
+    at = read_committed_messages(pipeline.broker, pipeline.sink_topic)[-1].offset()
+    unexpected = section(report, "unexpected")
+    assert (
+        f"key='k3' value='999': expected 0, found 1 at {pipeline.sink_topic}-0@{at}" in unexpected
+    )
+
+    # A key lost: the first micro-batch's records deleted, the only ones of 'early'.
+    admin = AdminClient(client_config(pipeline.broker))
+    for future in admin.delete_records(
+        [TopicPartition(pipeline.sink_topic, 0, output[6].offset())]
+    ).values():
+        future.result(30)
+    code, report = verify(capsys, config)
+    assert code == 7, report
+    assert (counts(report)["missing"], counts(report)["unexpected"]) == (2, 1), report
+    assert counts(report)["found in sink"] == 5
+    assert "key='early' value='1': expected 1, found 0" in section(report, "missing")
+
+
+def test_an_update_mode_query_without_a_key_is_refused_naming_transform(
     make_pipeline: PipelineFactory, spark: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pipeline = make_pipeline(source_partitions=1, sink_partitions=1)
-    grouped = "SELECT key, CAST(count(*) AS STRING) AS value FROM source GROUP BY key"
-    transform = {"sql": grouped, "outputMode": "update"}
+    keyless = "SELECT CAST(count(*) AS STRING) AS value FROM source GROUP BY key"
+    transform = {"sql": keyless, "outputMode": "update"}
     config = pipeline.write_config(pipeline.config(transform=transform), "verify.json")
     code, report = verify(capsys, config)
     assert code == 2, report
-    assert "in output mode append only; transform.outputMode is update" in report
+    assert (
+        "eop: error: transform: eop verify reads output mode update as the last value per "
+        "key, and the query's output has no key column" in report
+    )
