@@ -237,6 +237,11 @@ def test_the_last_value_per_key_of_an_update_mode_count_verifies_and_faults_are_
         "found in sink": 6,
     }
     assert "output mode update): the last value per key" in report
+    # Output mode complete re-emits every row each batch: its last records are the same table.
+    complete = run_config | {"transform": COUNTING | {"outputMode": "complete"}}
+    code, report = verify(capsys, pipeline.write_config(complete, "complete.json"))
+    assert code == 0, report
+    assert "output mode complete): the last value per key" in report
 
     # A later record of a key with another value, outside the pipeline's transactions.
     produce(pipeline.broker, pipeline.sink_topic, [("k3", "999", 0)])
