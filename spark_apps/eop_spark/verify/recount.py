@@ -312,10 +312,9 @@ def final_expected(recount: Transformed) -> DataFrame:
         F.col(BATCH_ID),
     )
     per_batch = rows.groupBy("key", BATCH_ID).agg(F.collect_set("value").alias("values"))
-    final = per_batch.groupBy("key").agg(F.max_by("values", BATCH_ID).alias("values")).persist()
+    final = per_batch.groupBy("key").agg(F.max_by("values", BATCH_ID).alias("values"))
     ambiguous = final.where(F.size("values") > 1).first()
     if ambiguous is not None:
-        final.unpersist()
         raise ConfigError(
             "transform: eop verify reads output mode update or complete as the last value per "
             f"key, and key {shown(_bytes(ambiguous['key']))} has "

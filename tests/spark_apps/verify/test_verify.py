@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from devenv.runners import client_config, produce, read_committed_messages
+from devenv.runners import Pipeline, client_config, produce, read_committed_messages
 from eop_operator.cli import main as eop
 from eop_spark.examples.impressions import BASE_TIME
 from tests.spark_apps.conftest import PipelineFactory
@@ -53,6 +53,14 @@ def section(report: str, kind: str) -> str:
     """The examples of one kind of discrepancy."""
     match = re.search(rf"^{kind}, \d+ of [\d,]+:\n((?:  .*\n?)+)", report, re.MULTILINE)
     return match.group(1) if match else ""
+
+
+def delete_before(pipeline: Pipeline, partition: int, offset: int) -> None:
+    """Delete the records of a sink partition before ``offset`` (as retention would)."""
+    admin = AdminClient(client_config(pipeline.broker))
+    deleted = admin.delete_records([TopicPartition(pipeline.sink_topic, partition, offset)])
+    for future in deleted.values():
+        future.result(30)
 
 
 @pytest.mark.slow
@@ -108,11 +116,7 @@ def test_verify_finds_each_fault_injected_into_a_clean_pipelines_sink(
     # Records lost: the start of a sink partition deleted (as a truncated range).
     partition = [m for m in output if m.partition() == 0]
     lost = partition[:3]
-    admin = AdminClient(client_config(pipeline.broker))
-    for future in admin.delete_records(
-        [TopicPartition(pipeline.sink_topic, 0, partition[3].offset())]
-    ).values():
-        future.result(30)
+    delete_before(pipeline, 0, partition[3].offset())
     code, report = verify(capsys, config)
     assert code == 7, report
     assert (
@@ -256,11 +260,7 @@ def test_the_last_value_per_key_of_an_update_mode_count_verifies_and_faults_are_
     )
 
     # A key lost: the first micro-batch's records deleted, the only ones of 'early'.
-    admin = AdminClient(client_config(pipeline.broker))
-    for future in admin.delete_records(
-        [TopicPartition(pipeline.sink_topic, 0, output[6].offset())]
-    ).values():
-        future.result(30)
+    delete_before(pipeline, 0, output[6].offset())
     code, report = verify(capsys, config)
     assert code == 7, report
     assert (counts(report)["missing"], counts(report)["unexpected"]) == (2, 1), report
@@ -268,16 +268,29 @@ def test_the_last_value_per_key_of_an_update_mode_count_verifies_and_faults_are_
     assert "key='early' value='1': expected 1, found 0" in section(report, "missing")
 
 
-def test_an_update_mode_query_without_a_key_is_refused_naming_transform(
+def test_update_mode_queries_whose_key_names_no_row_are_refused_naming_transform(
     make_pipeline: PipelineFactory, spark: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The last value per key needs a key, one value per key and micro-batch."""
     pipeline = make_pipeline(source_partitions=1, sink_partitions=1)
+    # k0 once, k1 twice, ...: four different counts.
+    records = [(f"k{i}", "v", 0) for i in range(4) for _ in range(i + 1)]
+    produce(pipeline.broker, pipeline.source_topic, records)
     keyless = "SELECT CAST(count(*) AS STRING) AS value FROM source GROUP BY key"
     transform = {"sql": keyless, "outputMode": "update"}
-    config = pipeline.write_config(pipeline.config(transform=transform), "verify.json")
-    code, report = verify(capsys, config)
+    config = pipeline.write_config(pipeline.config(transform=transform), "keyless.json")
+    code, report = verify(capsys, config, "--to-offsets", "latest")
     assert code == 2, report
     assert (
-        "eop: error: transform: eop verify reads output mode update as the last value per "
-        "key, and the query's output has no key column" in report
+        "eop: error: transform: eop verify reads output mode update as the last value per key, "
+        "and the query's output has no key column" in report
     )
+
+    # Four counts (one per source key) under one Kafka key: which is last depends on order.
+    coarse = "SELECT 'all' AS key, CAST(count(*) AS STRING) AS value FROM source GROUP BY key"
+    transform = {"sql": coarse, "outputMode": "update"}
+    config = pipeline.write_config(pipeline.config(transform=transform), "coarse.json")
+    code, report = verify(capsys, config, "--to-offsets", "latest")
+    assert code == 2, report
+    assert "eop: error: transform: " in report
+    assert "key 'all' has 4 values in one micro-batch: the key must name the row" in report
