@@ -699,7 +699,9 @@ def eop_verify(cluster: LocalCluster) -> dict[str, tuple[int, str]]:
     # A SparkContext replaces the SIGINT handler with one that fails once it is stopped: put
     # Python's back, so that Ctrl-C still stops the demo's last steps.
     sigint = signal.getsignal(signal.SIGINT)
+    began = time.monotonic()
     spark = build_session(local, spark_kafka_jars())
+    step(f"eop verify: Spark session started in {time.monotonic() - began:.1f}s")
     results: dict[str, tuple[int, str]] = {}
     try:
         for name, config in configs.items():
@@ -712,6 +714,7 @@ def eop_verify(cluster: LocalCluster) -> dict[str, tuple[int, str]]:
     finally:
         spark.stop()
         signal.signal(signal.SIGINT, sigint)
+    step(f"eop verify: both pipelines checked in {time.monotonic() - began:.1f}s")
     return results
 
 
@@ -853,9 +856,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{COUNT}: {outcome.max_count_drivers}\n")  # fmt: skip
         print(cluster.kubectl("get", "eop", "-A").stdout, flush=True)
         step("eop verify on both pipelines (their run configs, one Spark session)")
-        verified = eop_verify(cluster)
-        codes = {name: code for name, (code, _) in verified.items()}
-        step(f"eop verify done: exit codes {codes}")
+        codes = {name: code for name, (code, _) in eop_verify(cluster).items()}
         if not (v.ok and outcome.max_clean_drivers <= 1 and outcome.max_count_drivers <= 1):
             step("FAIL: the outputs differ from the recount (see the table above)")
         elif any(codes.values()):
