@@ -55,6 +55,16 @@ def section(report: str, kind: str) -> str:
     return match.group(1) if match else ""
 
 
+def batched_source(pipeline: Pipeline, records: int) -> dict[str, Any]:
+    """The pipeline's source, read ``records`` records a micro-batch."""
+    kafka = {
+        "bootstrapServers": pipeline.broker.bootstrap_servers,
+        "topics": [pipeline.source_topic],
+        "maxOffsetsPerTrigger": records,
+    }
+    return {"kafka": kafka}
+
+
 def delete_before(pipeline: Pipeline, partition: int, offset: int) -> None:
     """Delete the records of a sink partition before ``offset`` (as retention would)."""
     admin = AdminClient(client_config(pipeline.broker))
@@ -163,13 +173,7 @@ def test_windows_of_a_stateful_count_verify_once_each_with_the_recounted_value(
         "python": {"module": "eop_spark.examples.impressions", "function": "count_impressions"}
     }
     run_config = pipeline.config(
-        source={
-            "kafka": {
-                "bootstrapServers": pipeline.broker.bootstrap_servers,
-                "topics": [pipeline.source_topic],
-                "maxOffsetsPerTrigger": 100,
-            }
-        },
+        source=batched_source(pipeline, 100),
         transform=count | {"outputMode": "append"},
     )
     runner = pipeline.start(run_config)  # processingTime, as in production
@@ -216,13 +220,7 @@ def test_the_last_value_per_key_of_an_update_mode_count_verifies_and_faults_are_
     records = [("early", "e", 0), *((f"k{i % 5}", "v", i % 2) for i in range(200))]
     produce(pipeline.broker, pipeline.source_topic, records)
     run_config = pipeline.config(
-        source={
-            "kafka": {
-                "bootstrapServers": pipeline.broker.bootstrap_servers,
-                "topics": [pipeline.source_topic],
-                "maxOffsetsPerTrigger": 50,
-            }
-        },
+        source=batched_source(pipeline, 50),
         transform=COUNTING,
         trigger={"availableNow": True},
     )
