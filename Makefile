@@ -23,12 +23,13 @@ deps: setup
 	$(MAKE) --no-print-directory -j4 build-kube build-tools fetch-jars build-images
 
 ## deps-demo: setup + only what `make demo` starts: the one-node cluster's binaries and helm
-## (no kube-proxy or CoreDNS), the Kafka broker and the images (which fetch their own jars)
+## (no kube-proxy or CoreDNS), the Kafka broker, Spark's Kafka connector (for `eop verify` at the
+## end) and the images (which fetch their own jars)
 deps-demo: setup
-	$(MAKE) --no-print-directory -j3 build-kube-cluster fetch-jars-kafka build-images
+	$(MAKE) --no-print-directory -j3 build-kube-cluster fetch-jars-demo build-images
 
 # The pieces of deps and deps-demo, each one script (idempotent, a no-op when cached).
-.PHONY: build-kube build-kube-cluster build-tools fetch-jars fetch-jars-kafka build-images
+.PHONY: build-kube build-kube-cluster build-tools fetch-jars fetch-jars-demo build-images
 build-kube:
 	bash devenv/build-kube.sh
 build-kube-cluster:
@@ -37,8 +38,8 @@ build-tools:
 	bash devenv/build-tools.sh
 fetch-jars:
 	bash devenv/fetch-jars.sh >/dev/null
-fetch-jars-kafka:
-	bash devenv/fetch-jars.sh kafka >/dev/null
+fetch-jars-demo:
+	bash devenv/fetch-jars.sh kafka spark >/dev/null
 build-images:
 	bash devenv/images.sh all >/dev/null
 

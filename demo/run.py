@@ -13,7 +13,9 @@ Steps (one progress line each, with elapsed seconds):
    clean topic, applied together with the clean pipeline and running next to it;
 5. each pipeline's progress group ``eop.<namespace>.<name>`` is awaited until it covers the
    source's end offsets, then the outputs are read back ``read_committed`` and compared with an
-   exact recount of what was produced.
+   exact recount of what was produced;
+6. ``eop verify`` on both pipelines, from the run configs their drivers run (one Spark
+   session in this process): each report is printed, and each must be clean.
 
 Both pipelines run at once on the one node: on the host network each driver gets a metrics
 host port of its own from the operator and lets Spark pick free ports for the rest (see
@@ -22,8 +24,9 @@ two drivers and the operator fit on 2 cores.
 
 The count uses the example's SQL version (no watermark, output mode ``update``): every batch
 re-emits the counts it changed, so the final count of a (campaign, window) is the last record
-with that key. Unlike the watermarked append version it never drops events as "late" when the
-upstream pipeline catches up after a disruption, so the recount is exact.
+with that key (the key is the campaign and the window start), as ``eop verify`` reads it too.
+Unlike the watermarked append version it never drops events as "late" when the upstream
+pipeline catches up after a disruption, so the recount is exact.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import contextlib
 import json
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -43,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -51,6 +55,9 @@ from devenv.cluster import REPO, LocalCluster
 from devenv.kafka import KafkaBroker
 from devenv.processes import QUICK_JVM_OPTIONS
 from eop_spark.examples.impressions import sample_event
+
+if TYPE_CHECKING:
+    from eop_spark.contract.run_config import RunConfig
 
 CHART = REPO / "charts" / "eop"
 EXAMPLES = REPO / "spark_apps" / "eop_spark" / "examples"
@@ -660,6 +667,57 @@ class Outcome:
     disruptions: list[str]
 
 
+def run_config(cluster: LocalCluster, pipeline: str) -> RunConfig:
+    """The run config the operator wrote for ``pipeline``'s driver: ConfigMap
+    ``<name>-config``, key ``run.json`` (``eop_operator.render.naming.config_map_name``)."""
+    from eop_spark.contract.run_config import CONFIG_FILE_NAME, RunConfig
+
+    data = get_json(cluster, "configmap", f"{pipeline}-config", "-n", NAMESPACE).get("data", {})
+    if CONFIG_FILE_NAME not in data:
+        raise DemoError(f"no {CONFIG_FILE_NAME} in the ConfigMap {NAMESPACE}/{pipeline}-config")
+    return RunConfig.model_validate_json(data[CONFIG_FILE_NAME])
+
+
+def eop_verify(cluster: LocalCluster) -> dict[str, tuple[int, str]]:
+    """``eop verify`` on both pipelines in one Spark session of this process: the exit code and
+    the report of each (printed too).
+
+    The drivers run on the host network, so their run configs' bootstrap servers (the broker
+    on loopback) answer here.  The session has two cores: the drivers are idle by now.
+    """
+    import io
+
+    from devenv.kafka import spark_kafka_jars
+    from eop_spark.runtime.session import build_session
+    from eop_spark.verify.recount import run_verify
+
+    configs = {name: run_config(cluster, name) for name in (CLEAN, COUNT)}
+    first = configs[CLEAN]
+    local = first.model_copy(
+        update={"spark": first.spark.model_copy(update={"master": "local[2]"})}
+    )
+    # A SparkContext replaces the SIGINT handler with one that fails once it is stopped: put
+    # Python's back, so that Ctrl-C still stops the demo's last steps.
+    sigint = signal.getsignal(signal.SIGINT)
+    began = time.monotonic()
+    spark = build_session(local, spark_kafka_jars())
+    step(f"eop verify: Spark session started in {time.monotonic() - began:.1f}s")
+    results: dict[str, tuple[int, str]] = {}
+    try:
+        for name, config in configs.items():
+            out = io.StringIO()
+            code = run_verify(config, spark=spark, out=out)
+            results[name] = (code, out.getvalue())
+            print(
+                f"\n--- eop verify {NAMESPACE}/{name} (exit {code})\n{out.getvalue()}", flush=True
+            )
+    finally:
+        spark.stop()
+        signal.signal(signal.SIGINT, sigint)
+    step(f"eop verify: both pipelines checked in {time.monotonic() - began:.1f}s")
+    return results
+
+
 def remove_previous_run(cluster: LocalCluster, timeout: float = 180.0) -> None:
     """Delete a previous run's pipelines, driver pods and checkpoints, and wait until gone.
 
@@ -797,11 +855,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  most {CLEAN} driver pods at once: {outcome.max_clean_drivers}; "
               f"{COUNT}: {outcome.max_count_drivers}\n")  # fmt: skip
         print(cluster.kubectl("get", "eop", "-A").stdout, flush=True)
-        if v.ok and outcome.max_clean_drivers <= 1 and outcome.max_count_drivers <= 1:
+        step("eop verify on both pipelines (their run configs, one Spark session)")
+        codes = {name: code for name, (code, _) in eop_verify(cluster).items()}
+        if not (v.ok and outcome.max_clean_drivers <= 1 and outcome.max_count_drivers <= 1):
+            step("FAIL: the outputs differ from the recount (see the table above)")
+        elif any(codes.values()):
+            step("FAIL: eop verify found the sinks differ from its recount (see its reports)")
+        else:
             step("PASS: exactly once - no duplicates, nothing missing, every count exact")
             code = 0
-        else:
-            step("FAIL: the outputs differ from the recount (see the table above)")
     except KeyboardInterrupt:
         step("interrupted: stopping the broker and the cluster (the next run starts clean)")
         code = 130

@@ -2,7 +2,8 @@
 
 Each run: two pipelines, a force-deleted driver pod, a driver container SIGKILLed through
 containerd, a mid-stream query upgrade; then exactly-once outputs for read_committed readers
-and never two driver pods of one pipeline at once.  The second run starts where the first
+and never two driver pods of one pipeline at once.  After the first run, ``eop verify`` (as
+``make demo`` ends) finds both pipelines clean.  The second run starts where the first
 left off, as ``make demo`` run again does: the first run's pipelines still run (against a
 broker that is gone) and their checkpoint claims are still there.
 """
@@ -22,7 +23,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 def _scenario(
     local_cluster: E2ECluster, work_dir: Path, *, duration: float, disruptions: bool
 ) -> None:
-    """One run with a broker of its own (as each ``make demo`` has): exactly once."""
+    """One run with a broker of its own (as each ``make demo`` has): exactly once, by the demo's
+    own check and, after a run with disruptions, by ``eop verify`` on both pipelines."""
     images = demo.Images(local_cluster.operator_image, local_cluster.spark_image)
     broker = demo.start_broker(work_dir / "kafka")
     try:
@@ -35,8 +37,15 @@ def _scenario(
             container_kill=disruptions,
             operator_kill=disruptions,
         )
+        verified = demo.eop_verify(local_cluster.cluster) if disruptions else {}
     finally:
         broker.stop()
+    for code, report in verified.values():
+        assert code == 0, report
+        assert "OK: the sink holds exactly the output recomputed" in report, report
+    if disruptions:
+        assert "record-wise" in verified[demo.CLEAN][1]
+        assert "output mode update): the last value per key" in verified[demo.COUNT][1]
     v = outcome.verification
     print(v.table())
     assert v.produced > 10_000

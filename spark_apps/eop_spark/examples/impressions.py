@@ -14,7 +14,8 @@
 Both exist as SQL (for ``transform.sql``) and as Python callables (for
 ``transform.python``: module ``eop_spark.examples.impressions``).  The SQL
 version of the count has no watermark (Spark SQL cannot declare one), so it
-needs output mode ``update``; the Python version is the one to run.
+needs output mode ``update``, where the last record of a key is its value: it is
+keyed by campaign and window start.  The Python version is the one to run.
 
 Sample raw events for both (:func:`sample_event`; the demo writes them too):
 ``python -m eop_spark.examples.impressions produce --bootstrap-servers HOST:PORT``
@@ -74,10 +75,13 @@ WHERE {_raw("impression_id")} IS NOT NULL
   AND NOT lower(coalesce({_raw("user_agent")}, '')) RLIKE '{BOT_AGENTS}'
 """
 
-#: ``count`` as SQL (no watermark in SQL: run it with outputMode update).
+#: ``count`` as SQL (no watermark in SQL: run it with outputMode update).  Each micro-batch
+#: re-emits the windows it changed; a consumer (or compaction) keeps the last record per key,
+#: so the key names the window: ``c-7@2026-05-01 10:00:00`` (campaign, window start in UTC).
 COUNT_IMPRESSIONS_SQL = f"""
 SELECT
-  get_json_object(CAST(value AS STRING), '$.campaign_id') AS key,
+  concat(get_json_object(CAST(value AS STRING), '$.campaign_id'), '@',
+         CAST(w.start AS STRING)) AS key,
   to_json(named_struct(
     'campaign_id', get_json_object(CAST(value AS STRING), '$.campaign_id'),
     'window_start', w.start,

@@ -13,11 +13,18 @@ written to the pipeline's topics or groups.  Keys and values are compared as
 bytes (a string column as its UTF-8 bytes); headers and the target partition
 are not compared.
 
-A stateful query in output mode ``append`` (a window closed by a watermark) is
-recounted by Spark's streaming engine instead (:func:`streamed_recount`): the
-same transform over the same input range, run to its end with
-``trigger.availableNow``, emits each window the watermark closed once, as the
-pipeline must have.  Output modes ``update`` and ``complete`` are refused for now.
+A stateful query is recounted by Spark's streaming engine instead
+(:func:`streamed_recount`): the same transform over the same input range, run
+to its end with ``trigger.availableNow`` in the pipeline's output mode.  In
+output mode ``append`` (a window closed by a watermark) it emits each window
+the watermark closed once, as the pipeline must have, and both sides are
+compared record by record as above.  In output modes ``update`` and
+``complete`` a key's records are successive values of one row, read as a
+compacted topic is: the last record per key is the table.  The recount keeps
+the row each key had in the last micro-batch that emitted it
+(:func:`final_expected`), the sink the record of each key at the highest
+offset (:func:`final_found`), and the two tables are compared by (key, value).
+The values a key had before its last are not checked.
 """
 
 from __future__ import annotations
@@ -29,7 +36,6 @@ import shutil
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, TextIO
 
@@ -48,11 +54,13 @@ from eop_spark.query.transform import Transformed, apply_transform
 from eop_spark.runtime.jars import connector_jars
 from eop_spark.runtime.session import build_session
 from eop_spark.verify.ranges import Cut, RangeOptions, resolve_cut, spark_assign
-from eop_spark.verify.report import EXAMPLES, Group, Range, Report, Tally
+from eop_spark.verify.report import EXAMPLES, Group, Range, Report, Tally, shown
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Row, SparkSession
 
+#: The column of :func:`streamed_recount`'s output: the micro-batch that emitted the row.
+BATCH_ID = "__eop_verify_batch"
 #: Options of Spark's source that choose partitions or batch sizes: the verify sets its own.
 _STREAM_ONLY = ("subscribe", "subscribePattern", "assign", "maxOffsetsPerTrigger")
 #: Consumer settings Spark's Kafka reader refuses (it sets them itself).
@@ -85,17 +93,32 @@ def verify(
         transformed = apply_transform(spark, source, config.transform)
         analyzed = transformed.df._jdf.queryExecution().analyzed().toString()
         stateful = stateful_operators(str(analyzed))
+        mode = config.transform.output_mode
+        if stateful and mode != OutputMode.APPEND and not transformed.layout.has_key:
+            raise ConfigError(
+                f"transform: eop verify reads output mode {mode.value} as the last value per "
+                "key, and the query's output has no key column: give it one that names the "
+                "row (for an aggregate, its grouping columns)"
+            )
         with contextlib.ExitStack() as stack:
-            if stateful:
-                recount = stack.enter_context(streamed_recount(spark, config, cut, stateful))
+            if not stateful:
+                how = "record-wise: every output record of the input range"
+                expected, found = expected_groups(transformed), found_groups(spark, config, cut)
+            elif mode == OutputMode.APPEND:
                 how = (
                     f"stateful ({', '.join(stateful)}, output mode append): the windows the "
                     "watermark closed by the end of the input range"
                 )
+                recount = stack.enter_context(streamed_recount(spark, config, cut))
+                expected, found = expected_groups(recount), found_groups(spark, config, cut)
             else:
-                recount = transformed
-                how = "record-wise: every output record of the input range"
-            joined = compare(expected_groups(recount), found_groups(spark, config, cut)).persist()
+                how = (
+                    f"stateful ({', '.join(stateful)}, output mode {mode.value}): "
+                    "the last value per key"
+                )
+                recount = stack.enter_context(streamed_recount(spark, config, cut))
+                expected, found = final_expected(recount), final_found(spark, config, cut)
+            joined = compare(expected, found).persist()
             try:
                 records_in = source.count()
                 totals = joined.groupBy().sum("expected", "found").first()
@@ -177,23 +200,20 @@ def read_range(spark: SparkSession, options: dict[str, str], where: Range) -> Da
 
 
 @contextlib.contextmanager
-def streamed_recount(
-    spark: SparkSession, config: RunConfig, cut: Cut, stateful: list[str]
-) -> Iterator[Transformed]:
+def streamed_recount(spark: SparkSession, config: RunConfig, cut: Cut) -> Iterator[Transformed]:
     """The output of a stateful query over the input range, as Spark's streaming engine emits it.
 
     The source is read as a stream from the range's start and every record at
     or past its end is dropped before the transform, which then runs to the
-    end of its input (``trigger.availableNow``) into a memory table: what it
-    emits in output mode append is each window the watermark closed, once.
-    Yields the output as the runner's :class:`Transformed` (no provenance).
+    end of its input (``trigger.availableNow``) in the pipeline's output mode:
+    in append it emits each window the watermark closed, once; in update the
+    rows each micro-batch changed; in complete the whole table each time.
+    Yields that output, each row with the micro-batch that emitted it in
+    :data:`BATCH_ID`, as the runner's :class:`Transformed` (no provenance).
     """
-    if config.transform.output_mode != OutputMode.APPEND:
-        raise ConfigError(
-            f"eop verify checks stateful queries ({', '.join(stateful)}) in output mode append "
-            f"only; transform.outputMode is {config.transform.output_mode.value}"
-        )
+    from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType, StructField, StructType
 
     partitions = sorted(cut.source.end)
     stream = (
@@ -209,21 +229,26 @@ def streamed_recount(
     ]
     bounded = stream.where(functools.reduce(lambda a, b: a | b, in_range, F.lit(False)))
     transformed = apply_transform(spark, bounded, config.transform)
-    name = f"eop_verify_{uuid.uuid4().hex}"
+    batches: list[DataFrame] = []
+
+    def keep(batch: DataFrame, batch_id: int) -> None:
+        # Materialised now: the batch's rows outlive the query that computed them.
+        batches.append(batch.withColumn(BATCH_ID, F.lit(batch_id)).localCheckpoint(eager=True))
+
     checkpoint = tempfile.mkdtemp(prefix="eop-verify-")
     try:
         query = (
-            transformed.df.writeStream.format("memory")
-            .queryName(name)
-            .outputMode("append")
+            transformed.df.writeStream.foreachBatch(keep)
+            .outputMode(config.transform.output_mode.value)
             .option("checkpointLocation", checkpoint)
             .trigger(availableNow=True)
             .start()
         )
         query.awaitTermination()  # raises the query's failure
-        yield Transformed(spark.table(name), transformed.layout, False, "")
+        schema = StructType([*transformed.df.schema.fields, StructField(BATCH_ID, LongType())])
+        output = functools.reduce(DataFrame.unionByName, batches, spark.createDataFrame([], schema))
+        yield Transformed(output, transformed.layout, False, "")
     finally:
-        spark.catalog.dropTempView(name)
         shutil.rmtree(checkpoint, ignore_errors=True)
 
 
@@ -270,6 +295,58 @@ def found_groups(spark: SparkSession, config: RunConfig, cut: Cut) -> DataFrame:
 
     sink = read_range(spark, sink_options(config), cut.sink)
     return _grouped(sink, _coordinates(F.col("topic"), F.col("partition"), F.col("offset")))
+
+
+def final_expected(recount: Transformed) -> DataFrame:
+    """Output modes update and complete: each key's row of the last micro-batch that emitted it.
+
+    As (key, value, n, at) with ``n`` 1, for :func:`compare`.  Raises
+    :class:`~eop_spark.contract.errors.ConfigError` when that batch gave a key
+    two values: its last record in the sink would depend on the order of a batch.
+    """
+    from pyspark.sql import functions as F
+
+    rows = recount.df.select(
+        F.col("key").cast("binary").alias("key"),
+        F.col("value").cast("binary").alias("value"),
+        F.col(BATCH_ID),
+    )
+    per_batch = rows.groupBy("key", BATCH_ID).agg(F.collect_set("value").alias("values"))
+    final = per_batch.groupBy("key").agg(F.max_by("values", BATCH_ID).alias("values"))
+    ambiguous = final.where(F.size("values") > 1).first()
+    if ambiguous is not None:
+        raise ConfigError(
+            "transform: eop verify reads output mode update or complete as the last value per "
+            f"key, and key {shown(_bytes(ambiguous['key']))} has "
+            f"{len(ambiguous['values'])} values in one micro-batch: the key must name the row "
+            "(for an aggregate, its grouping columns)"
+        )
+    return final.select(
+        "key",
+        F.col("values")[0].alias("value"),
+        F.lit(1).cast("long").alias("n"),
+        F.lit(None).cast(f"array<{_COORDINATES}>").alias("at"),
+    )
+
+
+def final_found(spark: SparkSession, config: RunConfig, cut: Cut) -> DataFrame:
+    """The sink's table in output modes update and complete: each key's record at the highest
+    offset (a key's records are in one partition), as (key, value, n, at) for :func:`compare`."""
+    from pyspark.sql import functions as F
+
+    sink = read_range(spark, sink_options(config), cut.sink)
+    at = _coordinates(F.col("topic"), F.col("partition"), F.col("offset"))
+    last = F.max_by(F.struct(F.col("value"), at.alias("at")), F.struct("offset", "partition"))
+    return (
+        sink.groupBy("key")
+        .agg(last.alias("last"))
+        .select(
+            "key",
+            F.col("last.value").alias("value"),
+            F.lit(1).cast("long").alias("n"),
+            F.array(F.col("last.at")).alias("at"),
+        )
+    )
 
 
 def compare(expected: DataFrame, found: DataFrame) -> DataFrame:

@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from devenv.runners import client_config, produce, read_committed_messages
+from devenv.runners import Pipeline, client_config, produce, read_committed_messages
 from eop_operator.cli import main as eop
 from eop_spark.examples.impressions import BASE_TIME
 from tests.spark_apps.conftest import PipelineFactory
@@ -53,6 +53,24 @@ def section(report: str, kind: str) -> str:
     """The examples of one kind of discrepancy."""
     match = re.search(rf"^{kind}, \d+ of [\d,]+:\n((?:  .*\n?)+)", report, re.MULTILINE)
     return match.group(1) if match else ""
+
+
+def batched_source(pipeline: Pipeline, records: int) -> dict[str, Any]:
+    """The pipeline's source, read ``records`` records a micro-batch."""
+    kafka = {
+        "bootstrapServers": pipeline.broker.bootstrap_servers,
+        "topics": [pipeline.source_topic],
+        "maxOffsetsPerTrigger": records,
+    }
+    return {"kafka": kafka}
+
+
+def delete_before(pipeline: Pipeline, partition: int, offset: int) -> None:
+    """Delete the records of a sink partition before ``offset`` (as retention would)."""
+    admin = AdminClient(client_config(pipeline.broker))
+    deleted = admin.delete_records([TopicPartition(pipeline.sink_topic, partition, offset)])
+    for future in deleted.values():
+        future.result(30)
 
 
 @pytest.mark.slow
@@ -108,11 +126,7 @@ def test_verify_finds_each_fault_injected_into_a_clean_pipelines_sink(
     # Records lost: the start of a sink partition deleted (as a truncated range).
     partition = [m for m in output if m.partition() == 0]
     lost = partition[:3]
-    admin = AdminClient(client_config(pipeline.broker))
-    for future in admin.delete_records(
-        [TopicPartition(pipeline.sink_topic, 0, partition[3].offset())]
-    ).values():
-        future.result(30)
+    delete_before(pipeline, 0, partition[3].offset())
     code, report = verify(capsys, config)
     assert code == 7, report
     assert (
@@ -159,13 +173,7 @@ def test_windows_of_a_stateful_count_verify_once_each_with_the_recounted_value(
         "python": {"module": "eop_spark.examples.impressions", "function": "count_impressions"}
     }
     run_config = pipeline.config(
-        source={
-            "kafka": {
-                "bootstrapServers": pipeline.broker.bootstrap_servers,
-                "topics": [pipeline.source_topic],
-                "maxOffsetsPerTrigger": 100,
-            }
-        },
+        source=batched_source(pipeline, 100),
         transform=count | {"outputMode": "append"},
     )
     runner = pipeline.start(run_config)  # processingTime, as in production
@@ -194,13 +202,93 @@ def test_windows_of_a_stateful_count_verify_once_each_with_the_recounted_value(
     assert f'"impressions":{window["impressions"] + 1}' in section(report, "unexpected")
 
 
-def test_a_stateful_query_in_update_mode_is_refused_with_exit_2(
+#: A count per key in output mode update: every micro-batch re-emits the counts it changed.
+COUNTING = {
+    "sql": "SELECT key, CAST(count(*) AS STRING) AS value FROM source GROUP BY key",
+    "outputMode": "update",
+}
+
+
+@pytest.mark.slow
+def test_the_last_value_per_key_of_an_update_mode_count_verifies_and_faults_are_reported(
     make_pipeline: PipelineFactory, spark: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pipeline = make_pipeline(source_partitions=1, sink_partitions=1)
-    grouped = "SELECT key, CAST(count(*) AS STRING) AS value FROM source GROUP BY key"
-    transform = {"sql": grouped, "outputMode": "update"}
-    config = pipeline.write_config(pipeline.config(transform=transform), "verify.json")
+    """Output mode update: the sink's last record of each key holds the recounted final
+    count (earlier updates are not compared); a later wrong value and a lost key are caught."""
+    pipeline = make_pipeline(source_partitions=2, sink_partitions=1)
+    # 'early' is in the first micro-batch only; k0-k4 are in every one (50 records a batch).
+    records = [("early", "e", 0), *((f"k{i % 5}", "v", i % 2) for i in range(200))]
+    produce(pipeline.broker, pipeline.source_topic, records)
+    run_config = pipeline.config(
+        source=batched_source(pipeline, 50),
+        transform=COUNTING,
+        trigger={"availableNow": True},
+    )
+    runner = pipeline.start(run_config)
+    assert runner.wait(300) == 0, runner.tail()
+    config = pipeline.write_config(run_config, "verify.json")
+    output = read_committed_messages(pipeline.broker, pipeline.sink_topic)
+    first_batch = {m.key().decode() for m in output[:6]}
+    assert first_batch == {"early", "k0", "k1", "k2", "k3", "k4"}, output[:6]
+    assert len(output) > 6 + 5  # later batches updated the counts
     code, report = verify(capsys, config)
+    assert code == 0, report
+    assert counts(report) == dict.fromkeys(COUNTS, 0) | {
+        "records in": len(records),
+        "expected out": 6,
+        "found in sink": 6,
+    }
+    assert "output mode update): the last value per key" in report
+    # Output mode complete re-emits every row each batch: its last records are the same table.
+    complete = run_config | {"transform": COUNTING | {"outputMode": "complete"}}
+    code, report = verify(capsys, pipeline.write_config(complete, "complete.json"))
+    assert code == 0, report
+    assert "output mode complete): the last value per key" in report
+
+    # A later record of a key with another value, outside the pipeline's transactions.
+    produce(pipeline.broker, pipeline.sink_topic, [("k3", "999", 0)])
+    code, report = verify(capsys, config)
+    assert code == 7, report
+    assert (counts(report)["missing"], counts(report)["unexpected"]) == (1, 1), report
+    assert "key='k3' value='40': expected 1, found 0" in section(report, "missing")
+    at = read_committed_messages(pipeline.broker, pipeline.sink_topic)[-1].offset()
+    unexpected = section(report, "unexpected")
+    assert (
+        f"key='k3' value='999': expected 0, found 1 at {pipeline.sink_topic}-0@{at}" in unexpected
+    )
+
+    # A key lost: the first micro-batch's records deleted, the only ones of 'early'.
+    delete_before(pipeline, 0, output[6].offset())
+    code, report = verify(capsys, config)
+    assert code == 7, report
+    assert (counts(report)["missing"], counts(report)["unexpected"]) == (2, 1), report
+    assert counts(report)["found in sink"] == 5
+    assert "key='early' value='1': expected 1, found 0" in section(report, "missing")
+
+
+def test_update_mode_queries_whose_key_names_no_row_are_refused_naming_transform(
+    make_pipeline: PipelineFactory, spark: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The last value per key needs a key, one value per key and micro-batch."""
+    pipeline = make_pipeline(source_partitions=1, sink_partitions=1)
+    # k0 once, k1 twice, ...: four different counts.
+    records = [(f"k{i}", "v", 0) for i in range(4) for _ in range(i + 1)]
+    produce(pipeline.broker, pipeline.source_topic, records)
+    keyless = "SELECT CAST(count(*) AS STRING) AS value FROM source GROUP BY key"
+    transform = {"sql": keyless, "outputMode": "update"}
+    config = pipeline.write_config(pipeline.config(transform=transform), "keyless.json")
+    code, report = verify(capsys, config, "--to-offsets", "latest")
     assert code == 2, report
-    assert "in output mode append only; transform.outputMode is update" in report
+    assert (
+        "eop: error: transform: eop verify reads output mode update as the last value per key, "
+        "and the query's output has no key column" in report
+    )
+
+    # Four counts (one per source key) under one Kafka key: which is last depends on order.
+    coarse = "SELECT 'all' AS key, CAST(count(*) AS STRING) AS value FROM source GROUP BY key"
+    transform = {"sql": coarse, "outputMode": "update"}
+    config = pipeline.write_config(pipeline.config(transform=transform), "coarse.json")
+    code, report = verify(capsys, config, "--to-offsets", "latest")
+    assert code == 2, report
+    assert "eop: error: transform: " in report
+    assert "key 'all' has 4 values in one micro-batch: the key must name the row" in report
