@@ -41,6 +41,8 @@ from devenv.processes import Service, distinct_free_ports
 METADATA_QUORUM_TOOL = "org.apache.kafka.tools.MetadataQuorumCommand"
 #: The replicas of every partition (fewer only when the cluster has fewer nodes).
 REPLICAS = 3
+#: Seconds a node still stopping gets once a majority of the voters has exited.
+QUORUM_LOST_GRACE = 5.0
 
 
 def java_string_hash(text: str) -> int:
@@ -217,12 +219,31 @@ class KafkaCluster(KafkaClients, Service):
 
     def stop(self, node_id: int | None = None, timeout: float = 60.0) -> None:
         """SIGTERM node ``node_id`` (a controlled shutdown) and wait until it has exited; or
-        every node, all at once."""
+        every node, all at once.
+
+        Once a majority of the voters has exited, no quorum is left to record the others'
+        controlled shutdown, and they would wait out ``timeout``: they get
+        :data:`QUORUM_LOST_GRACE` seconds more, then SIGKILL (their data stays, marked unclean).
+        """
         if node_id is not None:
             self.node(node_id).stop(timeout)
             return
-        with concurrent.futures.ThreadPoolExecutor(len(self.nodes)) as pool:
-            list(pool.map(lambda n: n.stop(timeout), self.nodes))
+        stopping = [n for n in self.nodes if n.running]
+        for n in stopping:
+            n.terminate()
+        deadline, quorum_lost = time.monotonic() + timeout, False
+        while alive := [n for n in stopping if n.running]:
+            if not quorum_lost and len(self.nodes) - len(alive) > len(self.nodes) // 2:
+                quorum_lost = True
+                deadline = min(deadline, time.monotonic() + QUORUM_LOST_GRACE)
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        for n in stopping:
+            if n.running:
+                n.kill()
+            else:
+                n.stop()
 
     def kill(self, node_id: int) -> None:
         """SIGKILL node ``node_id`` (a crash); :meth:`start` brings it back."""

@@ -379,9 +379,10 @@ class TestPartitionedOnExecutors:
 # ----------------------------------------------------------------------------- coordinated
 
 
-#: The windowed count's input: events 10 ms apart (so ~1 minute windows of ~6,000 events
-#: over 17 campaigns), read 1,000 per batch so the executor loss falls mid-stream.
-COUNT_EVENTS, PER_BATCH = 12_000, 1_000
+#: The windowed count's input: events 20 ms apart (two minutes: 1-minute windows of 3,000
+#: events over 17 campaigns), read 1,000 per batch so the executor loss falls mid-stream
+#: (after the first of six batches).
+COUNT_EVENTS, PER_BATCH, EVENT_SPACING_MS = 6_000, 1_000, 20
 
 
 def _impression(impression: str, campaign: str, when: datetime) -> str:
@@ -398,7 +399,7 @@ def _impressions() -> tuple[list[tuple[str, str, int]], Counter[tuple[str, str]]
     expected: Counter[tuple[str, str]] = Counter()
     records = []
     for i in range(COUNT_EVENTS):
-        when = base + timedelta(milliseconds=10 * i)
+        when = base + timedelta(milliseconds=EVENT_SPACING_MS * i)
         campaign = f"c-{(i * 7919) % 17}"
         expected[(campaign, when.replace(second=0, microsecond=0).isoformat())] += 1
         records.append((f"i{i}", _impression(f"i{i}", campaign, when), i % 4))

@@ -214,10 +214,12 @@ def test_a_killed_group_coordinator_hands_the_group_to_a_live_node(
     named = cluster.group_coordinator(loop.group)
     assert named in cluster.running
     assert until_coordinator_ready(coordinator_says).coordinator.id == named
-    # The committed progress moved with it.
+    # The committed progress moved with it. Stable offsets, as the runner reads its progress:
+    # the last transaction's offsets count once its marker is in the group's partition, which
+    # the transaction coordinator writes after the commit returned (maybe to the new leader).
     (listed,) = until_coordinator_ready(
         lambda: admin.list_consumer_group_offsets(
-            [_group_request(loop.group, topic)], request_timeout=TIMEOUT
+            [_group_request(loop.group, topic)], require_stable=True, request_timeout=TIMEOUT
         )[loop.group].result(TIMEOUT)
     ).topic_partitions
     assert listed.offset == len(loop.committed)
@@ -247,3 +249,27 @@ def test_the_active_controller_is_named_and_a_new_one_takes_over(
             successor = cluster.active_controller()
     assert successor in cluster.running
     cluster.create_topic(f"after-{uuid.uuid4().hex[:8]}")  # the controller answers
+
+
+@pytest.mark.slow
+def test_the_whole_cluster_stops_without_waiting_out_its_timeout_and_keeps_its_data(
+    kafka_cluster_chaos: KafkaCluster, topic: str
+) -> None:
+    """Stopping the cluster (``kafka up --brokers 3`` ended, a session's teardown) does not wait
+    out its timeout on a node that has no quorum left to record its controlled shutdown;
+    started again, the cluster serves what was committed before."""
+    cluster = kafka_cluster_chaos
+    with CommitLoop(cluster, topic) as loop:
+        loop.await_commits(3)
+    # Two nodes down already: the one left has lost its quorum (as the last of a whole
+    # cluster stopped at once may have, by the time its own shutdown needs the quorum).
+    for node in cluster.running[:2]:
+        cluster.stop(node)
+    timeout = 120.0
+    began = time.monotonic()
+    cluster.stop(timeout=timeout)
+    took = time.monotonic() - began
+    assert cluster.running == []
+    assert took < timeout / 2, f"stopping the cluster took {took:.0f}s of its {timeout:.0f}s"
+    cluster.start()
+    loop.assert_exactly_once()
