@@ -407,10 +407,6 @@ class KafkaBroker(KafkaClients, Service):
             "num.io.threads": "4",
             "num.recovery.threads.per.data.dir": "1",
             "log.segment.bytes": str(64 * 1024 * 1024),
-            # The active controller appends a no-op record to the metadata log every 500 ms
-            # by default (a liveness signal for monitoring): each one is written, replicated
-            # and applied by every node, most of an idle node's CPU. Off here.
-            "metadata.max.idle.interval.ms": "0",
         }
         if self._sasl_port is not None:
             props.update(self._sasl_properties())
