@@ -67,6 +67,47 @@ def test_a_component_stops_after_its_last_user_and_its_users_run_together(
     result.assert_outcomes(passed=5)
 
 
+_CLUSTERS = """
+import pytest
+
+events = []
+
+@pytest.fixture(scope="session")
+def local_cluster():
+    events.append("one-node cluster up")
+    yield "one node"
+    events.append("one-node cluster down")
+
+@pytest.fixture(scope="session")
+def nodes_e2e():
+    events.append("multi-node cluster up")
+    return "three nodes"
+"""
+
+
+def test_the_one_node_cluster_stops_before_the_multi_node_stage(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(_CLUSTERS)
+    pytester.makepyfile(
+        test_nodes="""
+        from conftest import events
+        def test_on_three_nodes(nodes_e2e):
+            assert events == [
+                "one-node cluster up", "on one node", "one-node cluster down",
+                "multi-node cluster up",
+            ], events
+        """,
+        test_one="""
+        from conftest import events
+        def test_on_one_node(local_cluster):
+            events.append("on one node")
+        """,
+    )
+    result = pytester.runpytest("-p", "tests.plugins.lifetimes", "-p", "no:cacheprovider", "-v")
+    result.assert_outcomes(passed=2)
+
+
 _MARKED_COMPONENT = """
 import pytest
 

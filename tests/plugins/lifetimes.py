@@ -24,10 +24,12 @@ from pathlib import Path
 
 import pytest
 
-#: Session fixtures that start a real component, released after their last user. (The local
-#: clusters run in the last two stages; they stop when the session ends.)
+#: Session fixtures that start a real component, released after their last user. (The
+#: one-node local cluster stops before the multi-node stage, whose cluster stops when the
+#: session ends.)
 COMPONENTS = (
     "control_plane",
+    "local_cluster",
     "short_retention_broker",
     "short_retention_cluster",
     "other_cluster_broker",
