@@ -55,6 +55,8 @@ class BatchGate:
         self.idle = threading.Event()
         self.results: dict[int, BatchResult] = {}
         self.failure: EopError | None = None
+        #: The last batch whose sink work completed (Spark records it in its commit log after).
+        self.last_completed: int | None = None
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """The ``foreachBatch`` function."""
@@ -74,6 +76,7 @@ class BatchGate:
                 self._after_batch(result)
             with self._lock:
                 self.results[batch_id] = result
+                self.last_completed = batch_id
         except Exception as exc:
             self.failure = from_failure(exc)
             raise

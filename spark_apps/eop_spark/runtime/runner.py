@@ -35,6 +35,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +76,8 @@ log = logging.getLogger(__name__)
 
 #: How often the supervising loop wakes up to look at signals and Spark's batch reports.
 POLL_S = 1
+#: How long a graceful stop waits for Spark to record the last batch in its commit log.
+COMMIT_LOG_WAIT_S = 30
 
 #: The speed-ups this runner plugs into the exactly-once core (see eop_spark.speedups): how
 #: the sinks' producers queue Arrow columns, and where a partitioned task may hand its rows
@@ -353,6 +356,7 @@ class PipelineRun:
                 stopping = True
                 gate.close()
             if stopping and gate.idle.is_set():
+                await_commit_log(query, gate.last_completed)
                 query.stop()
                 break
             try:
@@ -390,6 +394,32 @@ class PipelineRun:
             else:
                 waiting.append(result)
         gate.put_back(waiting)
+
+
+def await_commit_log(query: StreamingQuery, batch_id: int | None) -> None:
+    """Wait until Spark has recorded ``batch_id`` in its commit log (or the query ended).
+
+    The sink's work ends when ``foreachBatch`` returns; Spark writes the batch to
+    its checkpoint's commit log after that, then reports the batch's progress.
+    Stopping the query in between leaves the batch to run again at the next start
+    (where the sink finds it committed and writes nothing), so a graceful stop
+    waits for the report. Bounded: a stop must end even if Spark never reports.
+    """
+    if batch_id is None:
+        return
+    deadline = time.monotonic() + COMMIT_LOG_WAIT_S
+    while query.isActive and time.monotonic() < deadline:
+        last = query.lastProgress
+        if last is not None and int(last["batchId"]) >= batch_id:
+            return
+        time.sleep(0.05)
+    if query.isActive:
+        log.warning(
+            "Spark did not record batch %d in its commit log within %ss of the stop: "
+            "the next run finds it committed and writes nothing for it",
+            batch_id,
+            COMMIT_LOG_WAIT_S,
+        )
 
 
 class _BatchReports:

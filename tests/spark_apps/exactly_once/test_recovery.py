@@ -89,6 +89,11 @@ def test_sigterm_lets_the_batch_in_flight_commit_and_restart_does_no_replay(
     before = runner.batches()
     assert before[-1]["committed_at"] > signalled, "no batch committed after SIGTERM"
     assert runner.stderr == ""
+    # Spark recorded the last batch in its checkpoint before the runner stopped the query.
+    commits = pipeline.work / "checkpoints" / "gen-0" / "commits"
+    assert (commits / str(before[-1]["batch_id"])).exists(), sorted(
+        p.name for p in commits.iterdir()
+    )
 
     rest = pipeline.start(
         config_for(pipeline, "auto", 2000, transform=slow, trigger={"availableNow": True})
