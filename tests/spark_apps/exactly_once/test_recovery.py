@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from devenv.runners import Pipeline, client_config, produce
+from devenv.runners import Pipeline, Runner, client_config, produce
 from tests.spark_apps.conftest import PipelineFactory
 from tests.spark_apps.runs import assert_exactly_once, finish
 
@@ -183,9 +183,10 @@ def test_two_runners_at_once_still_write_exactly_once(
     """A zombie next to the live runner, with its own checkpoint (``eop run`` beside the
     cluster, or a pod whose volume was replaced): batch bounds differ between the two.
 
-    For 60 s both run while input arrives; whichever stops (fenced, or, in coordinated
-    mode, refusing a batch G has partly passed) is restarted at once, as a StatefulSet
-    would.  The partitioned sink skips per offset; the coordinated one stops rather than
+    Both run while input arrives, and until each has committed batches and G has reached
+    the input's end (at most 60 s); whichever stops (fenced, or, in coordinated mode,
+    refusing a batch G has partly passed) is restarted at once, as a StatefulSet would.
+    The partitioned sink skips per offset; the coordinated one stops rather than
     duplicate, and a new checkpoint generation resumes from G.
     """
     pipeline = make_pipeline()
@@ -194,21 +195,37 @@ def test_two_runners_at_once_still_write_exactly_once(
     roots = [str(pipeline.work / "checkpoints"), str(pipeline.work / "checkpoints-zombie")]
     slots = [pipeline.start(config | {"checkpointRoot": root}) for root in roots]
     started = list(slots)
+    of_root: list[list[Runner]] = [[runner] for runner in slots]
     feeder = threading.Thread(target=_feed, args=(pipeline, keys), daemon=True)
     feeder.start()
+
+    def fenced() -> int:
+        return sum(b["fenced"] for r in started for b in r.batches())
+
+    def contended() -> bool:
+        """Both checkpoints have batches, the input is all written and G is at its end."""
+        both = all(any(r.batches() for r in runners) for runners in of_root)
+        return (
+            both
+            and not feeder.is_alive()
+            and (mode != "partitioned" or fenced() > 0)
+            and pipeline.caught_up()
+        )
+
     until = time.monotonic() + 60
-    while time.monotonic() < until:
+    while time.monotonic() < until and not contended():
         for i, runner in enumerate(slots):
             if not runner.alive:
                 slots[i] = pipeline.start(config | {"checkpointRoot": roots[i]})
                 started.append(slots[i])
+                of_root[i].append(slots[i])
         time.sleep(1)
     feeder.join()
     for runner in slots:
         runner.kill()
     if mode == "partitioned":
         # The other runner's takeovers show in the batch log (and the fenced counter).
-        assert sum(b["fenced"] for r in started for b in r.batches()) > 0
+        assert fenced() > 0
 
     generation = 1 if mode == "coordinated" else None
     finish(pipeline, config | {"checkpointRoot": roots[0]}, generation=generation)
