@@ -81,6 +81,8 @@ def runner_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a crash of the runner leaves a trace
     # The Spark driver's JVM (spark-submit adds these to its command line).
     env.setdefault("SPARK_SUBMIT_OPTS", " ".join(QUICK_JVM_OPTIONS))
+    # spark-submit first runs a small JVM that builds the driver's command line: quick too.
+    env.setdefault("SPARK_LAUNCHER_OPTS", " ".join(QUICK_JVM_OPTIONS))
     env.setdefault("SPARK_HOME", str(shared_spark_home()))  # the one its class archive fits
     env.update(extra or {})
     return env
