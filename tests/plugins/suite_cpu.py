@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-#: Seconds between two samples.
-INTERVAL_S = 1.0
+#: Seconds between two samples (the environment's ``EOP_SUITE_CPU_INTERVAL`` sets another).
+INTERVAL_S = float(os.environ.get("EOP_SUITE_CPU_INTERVAL", "1.0"))
 
 #: (substring of a command line, kind), first match wins.
 KINDS: tuple[tuple[str, str], ...] = (
