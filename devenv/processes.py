@@ -100,7 +100,8 @@ def terminate(popen: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
 class Service(ABC):
     """A component of the dev environment that :meth:`start` brings up and :meth:`stop` ends.
 
-    ``with Service(...) as service`` starts it on entry and stops it on exit.
+    ``with Service(...) as service`` starts it on entry and stops it on exit; a start that
+    fails stops what it started before the error propagates (``__exit__`` never runs then).
     """
 
     @abstractmethod
@@ -112,7 +113,14 @@ class Service(ABC):
         """End the component (idempotent)."""
 
     def __enter__(self) -> Self:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            # A part that came up (one node of three, a process before its readiness check)
+            # would otherwise run on, unowned, for the rest of the session.
+            with contextlib.suppress(Exception):
+                self.stop()
+            raise
 
     def __exit__(
         self,
