@@ -58,6 +58,8 @@ TOPICS_TOOL = "org.apache.kafka.tools.TopicCommand"
 TRANSACTIONS_TOOL = "org.apache.kafka.tools.TransactionsCommand"
 
 _READY_TOPIC = "__eop_broker_ready"
+#: The longest one readiness request of a starting broker may take before it is tried again.
+READY_ATTEMPT_S = 30.0
 _LOG4J2_BROKER = """\
 status = warn
 appender.out.type = Console
@@ -752,11 +754,13 @@ class KafkaBroker(KafkaClients, Service):
         from confluent_kafka import KafkaException, Producer
 
         if not self._ready_topic_created:
-            self.create_topic(
-                _READY_TOPIC, 1, exist_ok=True, timeout=max(1.0, deadline - time.monotonic())
-            )
+            # Each attempt bounded (the caller tries again until its deadline): once, a node
+            # of a 3-node cluster starting under load never answered one CreateTopics request,
+            # though the topic was made, and a single wait used up the whole start timeout.
+            attempt = min(max(1.0, deadline - time.monotonic()), READY_ATTEMPT_S)
+            self.create_topic(_READY_TOPIC, 1, exist_ok=True, timeout=attempt)
             self._ready_topic_created = True
-        timeout = min(max(1.0, deadline - time.monotonic()), 30.0)
+        timeout = min(max(1.0, deadline - time.monotonic()), READY_ATTEMPT_S)
         producer = Producer(
             self.client_config(
                 {
