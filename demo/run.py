@@ -533,22 +533,22 @@ def kill_driver_container(
 def kill_operator_mid_upgrade(cluster: LocalCluster, pipeline: str, timeout: float = 180) -> None:
     """Force-delete the operator pod while ``pipeline``'s upgrade is in flight (status.upgrade)."""
 
-    def in_flight() -> Any:
-        return get_json(cluster, "eop", pipeline, "-n", NAMESPACE).get("status", {}).get("upgrade")
+    selector = f"app.kubernetes.io/instance={RELEASE}"
+
+    def status() -> dict[str, Any]:
+        found: dict[str, Any] = get_json(cluster, "eop", pipeline, "-n", NAMESPACE).get(
+            "status", {}
+        )
+        return found
 
     def not_started() -> str:
-        status = get_json(cluster, "eop", pipeline, "-n", NAMESPACE).get("status", {})
-        logs = cluster.kubectl(
-            "logs", "-n", OPERATOR_NAMESPACE, "-l", f"app.kubernetes.io/instance={RELEASE}",
-            "--tail=30",
-        )  # fmt: skip
+        logs = cluster.kubectl("logs", "-n", OPERATOR_NAMESPACE, "-l", selector, "--tail=30")
         return (
-            f"{pipeline}'s upgrade to start; its status: {json.dumps(status)}\n"
+            f"{pipeline}'s upgrade to start; its status: {json.dumps(status())}\n"
             f"the operator's log:\n{logs.stdout}{logs.stderr}"
         )
 
-    eventually(in_flight, timeout, not_started, interval=0.2)
-    selector = f"app.kubernetes.io/instance={RELEASE}"
+    eventually(lambda: status().get("upgrade"), timeout, not_started, interval=0.2)
     cluster.kubectl("delete", "pod", "-n", OPERATOR_NAMESPACE, "-l", selector,
                     "--grace-period=0", "--force", check=True)  # fmt: skip
 
