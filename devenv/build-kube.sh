@@ -157,10 +157,18 @@ prepare_kube() {
     kube_ldflags="$flags"
 }
 
+# build_kube NAME...: build these Kubernetes commands in one `go build`, so that their links
+# (each a single-threaded minute on 2 busy cores) and the compiles they do not share run side by
+# side; each binary is moved into place only once all are built.
 build_kube() {
-    local name="$1"
     prepare_kube
-    go_build "$kube_mod" "k8s.io/kubernetes/cmd/$name" "$kube_bin/$name" "$kube_ldflags"
+    local tmp="$kube_bin/.build.$$" pkgs=() name
+    for name in "$@"; do pkgs+=("k8s.io/kubernetes/cmd/$name"); done
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    (cd "$kube_mod" && go build -trimpath -ldflags="-s -w $kube_ldflags" -o "$tmp/" "${pkgs[@]}")
+    for name in "$@"; do mv -f "$tmp/$name" "$kube_bin/$name"; done
+    rmdir "$tmp"
 }
 
 # --- etcd -------------------------------------------------------------------
@@ -190,14 +198,13 @@ build_coredns() {
 }
 
 # --- main -------------------------------------------------------------------
-# build_one COMPONENT: build it unless its binary is there.
+# build_one COMPONENT: build etcd, helm or CoreDNS unless its binary is there.
 build_one() {
     local c="$1" out ver start
     case "$c" in
         etcd) out="$etcd_bin/etcd"; ver="$etcd_v" ;;
         helm) out="$helm_bin/helm"; ver="$helm_v" ;;
         coredns) out="$coredns_bin/coredns"; ver="$coredns_v" ;;
-        *) out="$kube_bin/$c"; ver="$kube_v" ;;
     esac
     if [[ -x "$out" ]]; then
         log "up to date: $c"
@@ -209,13 +216,25 @@ build_one() {
         etcd) build_etcd ;;
         helm) build_helm ;;
         coredns) build_coredns ;;
-        *) build_kube "$c" ;;
     esac
     log "built $c v$ver in $(elapsed "$start")s -> $out"
 }
 
+# build_kube_missing NAME...: build those of these Kubernetes commands whose binary is not there.
+build_kube_missing() {
+    local missing=() c start
+    for c in "$@"; do
+        if [[ -x "$kube_bin/$c" ]]; then log "up to date: $c"; else missing+=("$c"); fi
+    done
+    [[ ${#missing[@]} -gt 0 ]] || return 0
+    log "building ${missing[*]} v$kube_v ..."
+    start="$(now)"
+    build_kube "${missing[@]}"
+    log "built ${missing[*]} v$kube_v in $(elapsed "$start")s -> $kube_bin"
+}
+
 # etcd, helm and CoreDNS are modules of their own: each builds in the background beside the
-# Kubernetes binaries (one module, built one after the other), so that their module downloads
+# Kubernetes binaries (one module, built in one `go build`), so that their module downloads
 # overlap the compiling that takes the cores.
 total_start="$(now)"
 declare -A seen=()
@@ -230,7 +249,7 @@ for c in "${wanted[@]}"; do
         *) kube_wanted+=("$c") ;;
     esac
 done
-for c in "${kube_wanted[@]}"; do build_one "$c"; done
+[[ ${#kube_wanted[@]} -eq 0 ]] || build_kube_missing "${kube_wanted[@]}"
 failed=0
 for pid in "${background[@]}"; do wait "$pid" || failed=1; done
 background=()
