@@ -768,11 +768,27 @@ class LocalCluster:
                 if stale:
                     self.ctr("images", "rm", *stale, node=node)
                     _log(f"removed older images: {' '.join(sorted(stale))}")
+                self._remove_orphaned_image_ids(node)
         if self.pod_network:
             self.loaded_images_file.write_text(
                 json.dumps({ref: str(a) for ref, a in archives.items()}, indent=2) + "\n"
             )
         return refs
+
+    def _remove_orphaned_image_ids(self, node: ClusterNode) -> None:
+        """Remove the CRI's ``sha256:<image id>`` refs whose image has no name left.
+
+        The CRI names every image it sees a second time, by its id; removing the tag leaves
+        that ref, which keeps the whole image (layers and unpacked snapshot, ~1.5 GB for the
+        Spark image) in the node's containerd for good: each older tree's images piled up.
+        """
+        listing = self.ctr("images", "ls", check=True, node=node).stdout.splitlines()[1:]
+        targets = [(fields[0], fields[2]) for line in listing if len(fields := line.split()) > 2]
+        named = {digest for ref, digest in targets if not ref.startswith("sha256:")}
+        orphans = [r for r, digest in targets if r.startswith("sha256:") and digest not in named]
+        if orphans:
+            self.ctr("images", "rm", "--sync", *orphans, node=node)
+            _log(f"removed {len(orphans)} images no name refers to any more")
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -25,6 +25,7 @@ import pytest
 
 from demo.run import DRIVER_CPU, SCHEDULING_TIMEOUT, Images, eventually, operator_values
 from devenv.cluster import NODE_NAME, REPO
+from devenv.cluster_images import oci_archive
 from devenv.kafka import KafkaBroker
 from tests.e2e.conftest import E2ECluster
 from tests.plugins.kafka import TopicFactory
@@ -117,6 +118,34 @@ def test_up_is_idempotent(local_cluster: E2ECluster) -> None:
     assert "already running" in result.stderr
     assert f"KUBECONFIG={local_cluster.cluster.kubeconfig}" in result.stdout
     assert time.monotonic() - began < 30
+
+
+def test_loading_the_images_again_removes_an_older_eop_image_whole(
+    local_cluster: E2ECluster, tmp_path: Path
+) -> None:
+    """An image of an older tree goes with the next load: its tag and the CRI's id ref (which
+    alone would keep its layers on the node's disk for good)."""
+    cluster = local_cluster.cluster
+    older = f"localhost/eop-operator:older-{uuid.uuid4().hex[:8]}"
+    archive = tmp_path / "older.tar"
+    oci_archive(archive, older, {"older": b"#!/bin/sh\n"}, ["/older"])
+    snapshotter = str(cluster.state().get("snapshotter", "overlayfs"))
+    cluster.ctr("images", "import", f"--snapshotter={snapshotter}", str(archive), check=True)
+
+    def refs() -> dict[str, str]:
+        lines = cluster.ctr("images", "ls", check=True).stdout.splitlines()[1:]
+        return {f[0]: f[2] for line in lines if len(f := line.split()) > 2}
+
+    digest = refs()[older]
+    _eventually(
+        lambda: any(r.startswith("sha256:") and d == digest for r, d in refs().items()),
+        30,
+        "the CRI to name the older image by its id",
+    )
+    loaded = cluster.load_images()
+    left = refs()
+    assert [r for r, d in left.items() if d == digest] == []
+    assert set(loaded.values()) <= set(left)
 
 
 # ----------------------------------------------------------------------------- pods
