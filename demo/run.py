@@ -832,6 +832,30 @@ def run_scenario(
     return Outcome(verification, sampler.max_seen, count_sampler.max_seen, disruptions)
 
 
+def explain_failure(cluster: LocalCluster) -> None:
+    """Print, on stderr, what a failed run leaves to explain it: the pipelines and pods, each
+    pipeline's Ready message, a node condition that stops pods (disk or memory pressure: the
+    kubelet then evicts them) and the latest warning events."""
+    print(cluster.kubectl("get", "eop,pods", "-A").stdout, file=sys.stderr)
+    for item in get_json(cluster, "eop", "-A").get("items", []):
+        ready = [c for c in item.get("status", {}).get("conditions", []) if c["type"] == "Ready"]
+        why = ready[0].get("message", "") if ready else "no status yet"
+        print(f"{item['metadata']['name']}: {why}", file=sys.stderr)
+    for node in get_json(cluster, "nodes").get("items", []):
+        for condition in node.get("status", {}).get("conditions", []):
+            if condition["type"] != "Ready" and condition["status"] == "True":
+                print(
+                    f"node {node['metadata']['name']}: {condition['type']}: "
+                    f"{condition.get('message', '')}",
+                    file=sys.stderr,
+                )
+    events = cluster.kubectl(
+        "get", "events", "-A", "--field-selector=type=Warning", "--sort-by=.lastTimestamp"
+    ).stdout.splitlines()
+    if len(events) > 1:
+        print("\n".join(["latest warnings:", events[0], *events[1:][-10:]]), file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the whole demo; 0 when every difference is zero."""
     parser = argparse.ArgumentParser(prog="python -m demo.run", description=__doc__.splitlines()[0])
@@ -876,13 +900,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # DemoError and anything unexpected: one clear line
         step(f"FAIL: {exc}")
         if cluster is not None:
-            print(cluster.kubectl("get", "eop,pods", "-A").stdout, file=sys.stderr)
-            for item in get_json(cluster, "eop", "-A").get("items", []):
-                ready = [
-                    c for c in item.get("status", {}).get("conditions", []) if c["type"] == "Ready"
-                ]
-                why = ready[0].get("message", "") if ready else "no status yet"
-                print(f"{item['metadata']['name']}: {why}", file=sys.stderr)
+            explain_failure(cluster)
     finally:
         if args.keep and cluster is not None:
             step(f"--keep: cluster up, KUBECONFIG={cluster.kubeconfig}")
