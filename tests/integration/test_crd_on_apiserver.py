@@ -523,6 +523,12 @@ OWNED_AND_REFUSED_LATER: list[tuple[str, Callable[[dict[str, Any]], None], str, 
         "^[0-9]+[kmgt]$",
     ),
     (
+        "executor-memory-overhead-not-in-spark-notation",
+        _set("spec.spark", {"master": _K8S, "conf": {"spark.executor.memoryOverhead": "512 mb"}}),
+        "spec.spark.conf",
+        "spark.executor.memoryOverhead sizes the executor pods",
+    ),
+    (
         "spark-memory-below-sparks-minimum",
         _set("spec.spark", {"master": _K8S, "executor": {"memory": "256m"}}),
         "spec.spark.executor.memory",
@@ -810,7 +816,7 @@ def test_what_users_write_in_examples_stays_accepted(
         "driver": {"memory": "512m"},
         "executor": {"instances": 4, "cores": 2, "memory": "2g"},
         "conf": {
-            "spark.executor.memoryOverhead": "1g",
+            "spark.executor.memoryOverhead": "1gb",  # Spark's notation, either unit form
             "spark.sql.shuffle.partitions": "16",
             "spark.kubernetes.authenticate.executor.serviceAccountName": "s3-reader",
         },

@@ -211,3 +211,69 @@ def test_an_upgrade_waiting_for_its_driver_is_looked_at_when_its_readiness_timeo
     # 60 s of readiness timeout, 55 (and a fraction) gone: the rest, not the 10 s of a look.
     assert wait is not None and 3.5 < wait <= 5.0
     assert not due, "the timer would look before the decision asked"
+
+
+class _Recording:
+    """An API server that accepts every write and keeps what was written."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.statuses: list[dict[str, Any]] = []
+
+    async def patch(self, api_version: str, kind: str, *args: Any, **kwargs: Any) -> Any:
+        namespace, name, body = args[0], args[1], args[2]
+        self.statuses.append(body["status"])
+        return {"kind": kind, "metadata": {"namespace": namespace, "name": name}}
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.events.append(obj)
+        return obj
+
+
+def test_a_step_that_keeps_failing_with_the_same_error_says_so_in_status_and_an_event(
+    manifest: dict[str, Any],
+) -> None:
+    """An error no retry cures (here: rendering fails) makes the pipeline Degraded with
+    reason ReconcileFailed and the error, from its second time in a row, once; the API
+    server's passing trouble does not."""
+    client = _Recording()
+    lifecycle = _lifecycle(client)
+    body = manifest
+    observed = Observed(pipelines={("ads", "clean"): [body]}, children={}, own=OwnWrites())
+    errors = [KubeError(503, "unavailable"), KubeError(503, "unavailable")]
+    errors += [ValueError("invalid Spark memory '512 mb'")] * 3
+
+    def render(*_: Any) -> Any:
+        raise errors.pop(0)
+
+    async def step() -> None:
+        with pytest.raises((KubeError, ValueError)):
+            await lifecycle.drive(observed, ("ads", "clean"), render)
+
+    async def scenario() -> list[int]:
+        written = []
+        for _ in range(5):
+            await step()
+            written.append(len(client.statuses))
+        return written
+
+    written = asyncio.run(scenario())
+    # Two 503s: nothing said. The render error: said from its second time, and only once
+    # (the fake API server does not update the body the lifecycle reads: it says it again
+    # each time it fails, at most once per look).
+    assert written[:3] == [0, 0, 0]
+    assert written[3] == 1
+    (status, *_) = client.statuses
+    assert status["phase"] == "Degraded"
+    (ready,) = [c for c in status["conditions"] if c["type"] == "Ready"]
+    assert ready["reason"] == "ReconcileFailed"
+    assert "ValueError: invalid Spark memory '512 mb'" in ready["message"]
+    (event, *_) = client.events
+    assert (event["type"], event["reason"]) == ("Warning", "ReconcileFailed")
+    assert "invalid Spark memory" in event["message"]
+    # Once the status says it, the next failure with the same error writes nothing.
+    body["status"] = status
+    errors.append(ValueError("invalid Spark memory '512 mb'"))
+    before = len(client.statuses), len(client.events)
+    asyncio.run(step())
+    assert (len(client.statuses), len(client.events)) == before

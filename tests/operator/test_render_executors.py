@@ -95,6 +95,8 @@ def test_executor_resources_follow_the_spec(manifest: dict[str, Any]) -> None:
 
 
 def test_a_given_memory_overhead_is_what_executors_get(manifest: dict[str, Any]) -> None:
+    """Whatever notation Spark takes the overhead in sizes the pod; one it does not is refused
+    by the spec, naming the field, before anything is rendered."""
     _on_kubernetes(
         manifest,
         executor={"memory": "8g"},
@@ -104,6 +106,11 @@ def test_a_given_memory_overhead_is_what_executors_get(manifest: dict[str, Any])
     (container,) = _template(objects)["spec"]["containers"]
     assert container["resources"]["limits"]["memory"] == f"{8192 + 2048}Mi"
     assert _conf(objects)["spark.executor.memoryOverhead"] == "2g"
+    # In any of Spark's notations (Spark reads "1536mb" as "1536m").
+    for overhead in ("1536mb", "1536M", "1536"):
+        manifest["spec"]["spark"]["conf"]["spark.executor.memoryOverhead"] = overhead
+        (container,) = _template(_objects(manifest))["spec"]["containers"]
+        assert container["resources"]["limits"]["memory"] == f"{8192 + 1536}Mi", overhead
     # Without it, a tenth of a large heap.
     del manifest["spec"]["spark"]["conf"]
     (container,) = _template(_objects(manifest))["spec"]["containers"]
@@ -290,3 +297,13 @@ def test_every_spark_setting_eop_renders_is_one_the_spec_cannot_override(
     rendered = _conf(_objects(_on_kubernetes(manifest)))
     derived_from_the_spec = {"spark.executor.memoryOverhead"}  # the spec's own, or Spark's default
     assert {key for key in rendered if not SPARK_CONF.owns(key)} == derived_from_the_spec
+
+
+def test_a_memory_overhead_spark_cannot_read_is_refused_naming_the_field(
+    manifest: dict[str, Any],
+) -> None:
+    _on_kubernetes(manifest, conf={"spark.executor.memoryOverhead": "512 mb"})
+    with pytest.raises(InvalidPipeline) as refused:
+        load_pipeline(manifest)
+    assert "spark.executor.memoryOverhead sizes the executor pods" in str(refused.value)
+    assert "spec.spark.conf" in str(refused.value)

@@ -10,6 +10,7 @@ and remembers when the next look is due, which the timer asks
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from eop_operator import metrics
@@ -17,15 +18,25 @@ from eop_operator.api.load import InvalidPipeline
 from eop_operator.api.resolve import IdentityChanged
 from eop_operator.controller.cluster_gate import ClusterGate
 from eop_operator.controller.context import Context
-from eop_operator.controller.lifecycle_status import refuse
+from eop_operator.controller.lifecycle_status import (
+    refuse,
+    report_step_failure,
+    step_failure_message,
+)
 from eop_operator.controller.step import Memory, Renderer, take_step, warn_lenient
 from eop_operator.controller.subject import Subject
+from eop_operator.kube.client import is_transient
 from eop_operator.kube.observed import Observed, PipelineKey
 from eop_operator.reconcile.cadence import LOOK_SECONDS, POLL_SECONDS, first_verify_in
 from eop_operator.render import MissingImage
 
 #: Steps per :meth:`Lifecycle.drive` call before it yields to the next trigger.
 MAX_STEPS = 6
+#: Failed steps in a row, with one error, after which the status and an event say so: one
+#: failure may be a race that the next look does not meet.
+FAILURES_REPORTED_FROM = 2
+
+log = logging.getLogger(__name__)
 
 
 class Lifecycle:
@@ -82,6 +93,22 @@ class Lifecycle:
         except TimeoutError:
             return False
         return True
+
+    async def _failed(self, memory: Memory, body: dict[str, Any], exc: Exception) -> None:
+        """Count a failed step; the second in a row with the same error that is not the API
+        server's or the network's passing trouble is reported (``report_step_failure``), so
+        that an error no retry cures (a render error) does not leave a stale status behind."""
+        if is_transient(exc):
+            return
+        message = step_failure_message(exc)
+        said, times = memory.failure
+        memory.failure = (message, times + 1 if said == message else 1)
+        if memory.failure[1] < FAILURES_REPORTED_FROM:
+            return
+        try:
+            await report_step_failure(self.context, body, exc)
+        except Exception as report:  # the API server may be what fails: say so, raise exc
+            log.warning("cannot report the failed step of %s: %s", body["metadata"]["name"], report)
 
     async def drive(
         self,
@@ -140,7 +167,9 @@ class Lifecycle:
                     wait = LOOK_SECONDS  # what made it invalid may go (another pipeline's claim)
                 except Exception as exc:  # kopf logs it and tries again at the next trigger
                     metrics.record_reconcile_failure(namespace, name, exc)
+                    await self._failed(memory, body, exc)
                     raise
+                memory.failure = ("", 0)
                 if wait is not None:
                     # What the step read, as its own writes left it: whatever else changed
                     # meanwhile (an event during the step) is news for the next trigger.

@@ -23,6 +23,7 @@ from eop_operator.reconcile.decision import Decision
 from eop_operator.reconcile.failover import stamp
 from eop_operator.reconcile.status import (
     DriverObservation,
+    failed_step,
     judge,
     lifecycle_verdict,
     ready_column,
@@ -109,6 +110,44 @@ async def refuse(context: Context, body: dict[str, Any], exc: Exception) -> None
         previous=previous,
         generation=generation,
         ready=ready_column(None, suspend=False),
+        now=stamp(datetime.datetime.now(datetime.UTC)),
+    )
+    await context.status.write(body, patch)
+
+
+#: The most of an error's text a status message or event carries.
+MAX_FAILURE_MESSAGE = 600
+
+
+def step_failure_message(exc: Exception) -> str:
+    """What the status and the event say of a step that failed with ``exc``."""
+    text = " ".join(str(exc).split())[:MAX_FAILURE_MESSAGE]
+    return (
+        f"the operator cannot take the pipeline's next step ({type(exc).__name__}: {text}); "
+        "it tries again at every look"
+    )
+
+
+async def report_step_failure(context: Context, body: dict[str, Any], exc: Exception) -> None:
+    """Say that the operator's own step keeps failing: a Warning event ``ReconcileFailed`` and
+    the status Degraded with the error, once per error (a step that succeeds writes the status
+    it decides, which clears this)."""
+    try:
+        previous = PipelineStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        previous = PipelineStatus()
+    message = step_failure_message(exc)
+    said = [c.message for c in previous.conditions if c.type == "Ready"]
+    if previous.phase is Phase.DEGRADED and said == [message]:
+        return  # said already
+    await post_event(
+        context.client, body, type="Warning", reason="ReconcileFailed", message=message
+    )
+    patch = verdict_status(
+        failed_step(message),
+        previous=previous,
+        generation=previous.observed_generation,
+        ready=previous.ready or ready_column(None, suspend=False),
         now=stamp(datetime.datetime.now(datetime.UTC)),
     )
     await context.status.write(body, patch)

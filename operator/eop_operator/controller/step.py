@@ -90,6 +90,9 @@ class Memory:
     #: What the last warning said the stored object has that this operator let pass:
     #: (fields ignored, rules ratcheted).
     lenient: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    #: The error the last step failed with (``lifecycle_status.step_failure_message``), and
+    #: how many steps in a row failed with it.
+    failure: tuple[str, int] = ("", 0)
 
 
 def _template_annotation(statefulset: dict[str, Any] | None, key: str) -> str | None:

@@ -108,6 +108,15 @@ def _retryable(method: str, status: int) -> bool:
     return status in RETRIED_STATUSES and method != "POST"  # a POST may have been acted on
 
 
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is the API server or the network failing for a while (no answer, a
+    conflict, throttling, a 5xx), which the next try may not meet, rather than an error that
+    repeats until something changes."""
+    if isinstance(exc, KubeError):
+        return exc.status in (0, 409) or exc.status in RETRIED_STATUSES
+    return isinstance(exc, aiohttp.ClientError | OSError)
+
+
 def parse_retry_after(value: str | None) -> float | None:
     """A ``Retry-After`` header in seconds (delta-seconds or an HTTP date); None if absent."""
     if not value:

@@ -111,6 +111,12 @@ def judge(*, suspend: bool, driver: DriverObservation | None, error: str | None)
     return _pending(Phase.PENDING, "DriverStarting", "driver not ready yet")
 
 
+def failed_step(message: str) -> Verdict:
+    """The operator cannot take the pipeline's next step (an error of its own, not the
+    spec's): Degraded, reason ``ReconcileFailed``, until a step succeeds again."""
+    return _stuck(Phase.DEGRADED, "ReconcileFailed", message)
+
+
 def _pending(phase: Phase, reason: str, message: str) -> Verdict:
     """Not Ready, on its way (Progressing)."""
     return Verdict(

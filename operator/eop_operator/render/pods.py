@@ -47,8 +47,11 @@ def container_security_context() -> dict[str, Any]:
 
 
 def spark_memory_mib(spark_memory: str) -> int:
-    """A Spark memory setting (``512m``, ``2g``; a bare number is MiB) in MiB."""
+    """A Spark memory setting (``512m``, ``2g``, ``1gb``, either case; a bare number is MiB)
+    in MiB."""
     text = spark_memory.strip().lower()
+    if text[-2:-1] in _SPARK_MEMORY_MIB and text.endswith("b"):  # 512mb: 512m
+        text = text[:-1]
     if text.isdigit():
         return int(text)
     unit, number = text[-1:], text[:-1]

@@ -692,6 +692,21 @@ def _on_kubernetes(master: str) -> bool:
 
 #: Entries of spark.conf: bounded, so the API server's CEL cost estimate stays within budget.
 MAX_SPARK_CONF = 200
+#: The spark.conf entry the operator sizes executor pods by.
+EXECUTOR_MEMORY_OVERHEAD = "spark.executor.memoryOverhead"
+#: Spark's notation for a memory overhead: MiB, or a number and a unit (k, m, g, t, with or
+#: without b, in either case: 384, 512m, 1gb).
+SPARK_OVERHEAD_PATTERN = r"^[0-9]{1,9}([kKmMgGtT][bB]?)?$"
+SPARK_OVERHEAD = Rule(
+    f"!('{EXECUTOR_MEMORY_OVERHEAD}' in self) || "
+    f"self['{EXECUTOR_MEMORY_OVERHEAD}'].matches(r'{SPARK_OVERHEAD_PATTERN}')",
+    lambda conf: (
+        EXECUTOR_MEMORY_OVERHEAD not in conf
+        or re.fullmatch(SPARK_OVERHEAD_PATTERN, conf[EXECUTOR_MEMORY_OVERHEAD]) is not None
+    ),
+    f"{EXECUTOR_MEMORY_OVERHEAD} sizes the executor pods: MiB, or a number and k, m, g or t "
+    "(e.g. 512m, 1g)",
+)
 
 
 class SparkSpec(SpecModel):
@@ -717,12 +732,15 @@ class SparkSpec(SpecModel):
     executor: ExecutorSpec = Field(
         default_factory=ExecutorSpec, description="Executor resources and count (k8s master)."
     )
-    conf: Annotated[dict[str, str], Field(max_length=MAX_SPARK_CONF), refuse_owned(SPARK_CONF)] = (
-        Field(
-            default_factory=dict,
-            description="Extra Spark configuration. Settings eop owns are refused (see "
-            f"docs/security.md): {SPARK_CONF.summary}.",
-        )
+    conf: Annotated[
+        dict[str, str],
+        Field(max_length=MAX_SPARK_CONF),
+        refuse_owned(SPARK_CONF),
+        SPARK_OVERHEAD,
+    ] = Field(
+        default_factory=dict,
+        description="Extra Spark configuration. Settings eop owns are refused (see "
+        f"docs/security.md): {SPARK_CONF.summary}.",
     )
 
     @property
