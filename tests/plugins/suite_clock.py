@@ -40,7 +40,7 @@ BUDGET_MINUTES = {
     "integration": 10.0,
     "charts": 1.0,
     "ecosystem": 1.0,
-    "e2e": 8.0,
+    "e2e": 10.0,
     "e2e (nodes)": 7.5,
     "readme": 0.5,
 }
