@@ -27,7 +27,7 @@ from eop_spark.contract.spec import Duration
 from eop_spark.contract.termination import failure_line
 from eop_spark.kafka.preflight import Cluster, cluster, refuse_long_transactions
 from eop_spark.runtime.runner import PipelineRun
-from tests.operator.test_upgrade import _between_crashes, situation, steady
+from tests.operator.reconcile.test_upgrade import _between_crashes, situation, steady
 from tests.plugins.kafka import TopicFactory
 
 pytestmark = pytest.mark.kafka

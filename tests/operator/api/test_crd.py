@@ -9,7 +9,7 @@ import yaml
 
 from eop_operator.api.crd import crd_yaml, render_crd
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CRD_FILE = "exactlyoncepipelines.exactlyonce.io.yaml"
 
 

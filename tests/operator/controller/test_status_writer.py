@@ -34,7 +34,7 @@ from eop_operator.controller.health_monitor import HealthMemory, HealthMonitor
 from eop_operator.health.stall import PartitionOffsets, Reading
 from tests.operator.merge_patch import merged
 
-OPERATOR = Path(__file__).resolve().parents[2] / "operator" / "eop_operator"
+OPERATOR = Path(__file__).resolve().parents[3] / "operator" / "eop_operator"
 
 
 def fields(model: type[Any]) -> set[str]:
