@@ -17,16 +17,17 @@ setup: .venv/.installed
 
 ## deps: setup + the real components the tests start: Kubernetes binaries, Kafka, Spark jars (the
 ## Kafka and S3A connectors), the images, the ecosystem's tools (kstatus, promtool, a PromQL
-## parser, lua5.4) and SeaweedFS (the S3 server of the s3 tests). The four run side by side: the
-## Go builds share the cores, and the downloads (modules, jars, packages) overlap the compiling.
-deps: setup
-	$(MAKE) --no-print-directory -j4 build-kube build-tools fetch-jars build-images
+## parser, lua5.4) and SeaweedFS (the S3 server of the s3 tests). All run side by side, the venv's
+## installation too (only the jars wait for it): the Go builds share the cores, and the downloads
+## (modules, wheels, jars, packages) overlap the compiling.
+deps:
+	$(MAKE) --no-print-directory -j5 setup build-kube build-tools fetch-jars build-images
 
 ## deps-demo: setup + only what `make demo` starts: the one-node cluster's binaries and helm
 ## (no kube-proxy or CoreDNS), the Kafka broker, Spark's Kafka connector (for `eop verify` at the
 ## end) and the images (which fetch their own jars)
-deps-demo: setup
-	$(MAKE) --no-print-directory -j3 build-kube-cluster fetch-jars-demo build-images
+deps-demo:
+	$(MAKE) --no-print-directory -j4 setup build-kube-cluster fetch-jars-demo build-images
 
 # The pieces of deps and deps-demo, each one script (idempotent, a no-op when cached).
 .PHONY: build-kube build-kube-cluster build-tools fetch-jars fetch-jars-demo build-images
@@ -36,9 +37,10 @@ build-kube-cluster:
 	bash devenv/build-kube.sh cluster
 build-tools:
 	bash devenv/build-tools.sh
-fetch-jars:
+# The jars Spark provides are left out, as the venv's pyspark lists them: after setup.
+fetch-jars: setup
 	bash devenv/fetch-jars.sh >/dev/null
-fetch-jars-demo:
+fetch-jars-demo: setup
 	bash devenv/fetch-jars.sh kafka spark >/dev/null
 build-images:
 	bash devenv/images.sh all >/dev/null
