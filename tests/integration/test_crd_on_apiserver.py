@@ -389,6 +389,12 @@ OWNED_AND_REFUSED_LATER: list[tuple[str, Callable[[dict[str, Any]], None], str, 
         f"spark.kubernetes.executor.podTemplateFile{_OWNED}",
     ),
     (
+        "conf-credential",
+        _conf("spark.hadoop.fs.s3a.secret.key"),
+        "spec.spark.conf",
+        "spark.hadoop.fs.s3a.secret.key is a credential (Spark redacts it)",
+    ),
+    (
         "conf-driver-api-token",
         _conf("spark.kubernetes.authenticate.oauthTokenFile", _K8S),
         "spec.spark.conf",

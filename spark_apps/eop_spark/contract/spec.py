@@ -709,6 +709,20 @@ SPARK_OVERHEAD = Rule(
 )
 
 
+#: What Spark itself takes for a secret in its settings (the default of spark.redaction.regex):
+#: such a setting in spark.conf is a credential, and spark.conf is written to the pipeline's
+#: ConfigMap.
+SPARK_SECRET_REGEX = r"(?i)secret|password|token|access[.]key"
+NO_SPARK_CREDENTIALS = refuse_keys(
+    f"k.matches(r'{SPARK_SECRET_REGEX}')",
+    lambda k: re.search(SPARK_SECRET_REGEX, k) is not None,
+    "spark.conf must not hold credentials: it is written to the pipeline's ConfigMap",
+    before="",
+    after=" is a credential (Spark redacts it): spark.conf is written to the pipeline's "
+    "ConfigMap; object storage keys belong in the Secret of checkpoint.secretRef",
+)
+
+
 class SparkSpec(SpecModel):
     """Spark settings of the driver (and executors when they run on Kubernetes)."""
 
@@ -736,11 +750,14 @@ class SparkSpec(SpecModel):
         dict[str, str],
         Field(max_length=MAX_SPARK_CONF),
         refuse_owned(SPARK_CONF),
+        NO_SPARK_CREDENTIALS,
         SPARK_OVERHEAD,
     ] = Field(
         default_factory=dict,
         description="Extra Spark configuration. Settings eop owns are refused (see "
-        f"docs/security.md): {SPARK_CONF.summary}.",
+        f"docs/security.md): {SPARK_CONF.summary}. So are credentials (names Spark redacts: "
+        "secret, password, token, access.key): spark.conf is written to the pipeline's "
+        "ConfigMap.",
     )
 
     @property
