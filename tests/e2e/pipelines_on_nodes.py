@@ -22,6 +22,7 @@ from devenv.s3 import S3Server
 from tests.e2e.conftest import E2ECluster
 from tests.e2e.executor_pods import pipeline_diagnostics
 from tests.e2e.test_cluster import _eventually, _get, _operator, _pipeline
+from tests.integration.test_pod_security import RESTRICTED as POD_SECURITY_RESTRICTED
 
 EXECUTORS = 2
 #: What each driver and executor asks of the nodes' (shared) 2 cores.
@@ -110,6 +111,9 @@ def scale_out_environment(
     cluster = nodes_e2e.cluster
     ns = f"e2e-so-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", ns, check=True)
+    # Every pod of the namespace (drivers, the executors Spark creates, the checkpoint
+    # deletion Job's) must pass Pod Security's restricted profile to be created at all.
+    cluster.kubectl("label", "namespace", ns, POD_SECURITY_RESTRICTED, check=True)
     s3_port = int(s3_server.endpoint.rsplit(":", 1)[1])
     cluster.expose_host_port(kafka_broker.cluster_port)
     s3_address = cluster.expose_host_port(s3_port)

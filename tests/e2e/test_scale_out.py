@@ -5,7 +5,9 @@ One cluster of 3 nodes (``nodes_e2e``) for the module, the operator installed fr
 on the pod network (in-cluster config through the ``kubernetes`` Service: kube-proxy), the
 session's Kafka broker and SeaweedFS server on the machine's loopback, reached by pods through
 the cluster's gateway. Pipelines run ``spark.master: k8s://https://kubernetes.default.svc``
-(cluster DNS) with two executors and their checkpoint in a bucket.
+(cluster DNS) with two executors and their checkpoint in a bucket, in a namespace that
+enforces Pod Security's ``restricted`` profile: the drivers and the executor pods Spark
+creates are admitted there, or the pipelines would not run at all.
 
 The operator is kept off the drivers' node (a required pod anti-affinity in its chart
 values), so that losing a driver's node never loses the operator too: what the status and
@@ -31,6 +33,7 @@ from demo.run import progress_offsets, read_committed
 from devenv.kafka import KafkaBroker
 from devenv.s3 import S3Server
 from eop_operator.reconcile.failover import NODE_LOST
+from eop_operator.render.pods import container_security_context, pod_security_context
 from tests.e2e.conftest import E2ECluster
 from tests.e2e.driver_watch import DriverWatch
 from tests.e2e.executor_pods import (
@@ -141,6 +144,8 @@ def _probe_pod(so: ScaleOut, pipeline: str, node: str, driver: tuple[str, int]) 
         "spec": {
             "restartPolicy": "Never",
             "nodeSelector": {"kubernetes.io/hostname": node},
+            # The namespace enforces Pod Security's restricted profile, as eop's pods pass it.
+            "securityContext": pod_security_context(),
             "containers": [
                 {
                     "name": "probe",
@@ -149,15 +154,18 @@ def _probe_pod(so: ScaleOut, pipeline: str, node: str, driver: tuple[str, int]) 
                     "command": ["python", f"/probe/{script.name}", driver[0], str(driver[1])],
                     "args": ["--key-file", "/key/key"],
                     "env": [{"name": "HOME", "value": "/tmp"}],
+                    "securityContext": container_security_context(),
                     "volumeMounts": [
                         {"name": "probe", "mountPath": "/probe"},
                         {"name": "key", "mountPath": "/key"},
+                        {"name": "tmp", "mountPath": "/tmp"},
                     ],
                 }
             ],
             "volumes": [
                 {"name": "probe", "configMap": {"name": "rpc-probe"}},
                 {"name": "key", "secret": {"secretName": f"{pipeline}-spark-rpc"}},
+                {"name": "tmp", "emptyDir": {}},
             ],
         },
     }
@@ -187,6 +195,8 @@ class TestPartitionedOnExecutors:
         self, scale_out: ScaleOut, wide: Wide
     ) -> None:
         so, name = scale_out, wide.name
+        labels = _get(so.e2e, "namespace", so.ns)["metadata"]["labels"]
+        assert labels.get("pod-security.kubernetes.io/enforce") == "restricted", labels
         pods = running(executor_pods(so.e2e, so.ns, name))
         driver = _driver_pod(so.e2e, so.ns, name)
         nodes = sorted(node_of(p) for p in pods)
