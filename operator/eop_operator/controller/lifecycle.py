@@ -106,7 +106,7 @@ class Lifecycle:
         if memory.failure[1] < FAILURES_REPORTED_FROM:
             return
         try:
-            await report_step_failure(self.context, body, exc)
+            await report_step_failure(self.context, body, message)
         except Exception as report:  # the API server may be what fails: say so, raise exc
             log.warning("cannot report the failed step of %s: %s", body["metadata"]["name"], report)
 

@@ -86,15 +86,20 @@ async def write_status(
     await context.status.write(subject.body, patch)
 
 
+def status_of(body: dict[str, Any]) -> PipelineStatus:
+    """The pipeline's status as stored (an empty one when it does not validate)."""
+    try:
+        return PipelineStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        return PipelineStatus()
+
+
 async def refuse(context: Context, body: dict[str, Any], exc: Exception) -> None:
     """Say why a pipeline cannot run: a Warning event and the status, once per generation.
 
     Nothing is created or changed for it (what is checked fails before anything is rendered).
     """
-    try:
-        previous = PipelineStatus.model_validate(body.get("status") or {})
-    except ValidationError:
-        previous = PipelineStatus()
+    previous = status_of(body)
     generation = body["metadata"].get("generation")
     said = [c.message for c in previous.conditions if c.type == "Ready"]
     if (previous.phase, previous.observed_generation, said) == (
@@ -128,15 +133,11 @@ def step_failure_message(exc: Exception) -> str:
     )
 
 
-async def report_step_failure(context: Context, body: dict[str, Any], exc: Exception) -> None:
-    """Say that the operator's own step keeps failing: a Warning event ``ReconcileFailed`` and
-    the status Degraded with the error, once per error (a step that succeeds writes the status
-    it decides, which clears this)."""
-    try:
-        previous = PipelineStatus.model_validate(body.get("status") or {})
-    except ValidationError:
-        previous = PipelineStatus()
-    message = step_failure_message(exc)
+async def report_step_failure(context: Context, body: dict[str, Any], message: str) -> None:
+    """Say that the operator's own step keeps failing (``message``: :func:`step_failure_message`):
+    a Warning event ``ReconcileFailed`` and the status Degraded with the error, once per error (a
+    step that succeeds writes the status it decides, which clears this)."""
+    previous = status_of(body)
     said = [c.message for c in previous.conditions if c.type == "Ready"]
     if previous.phase is Phase.DEGRADED and said == [message]:
         return  # said already
