@@ -784,7 +784,7 @@ def run_scenario(
     images: Images,
     *,
     rate: int = 1000,
-    duration: float = 75.0,
+    duration: float = 45.0,
     container_kill: bool = False,
     operator_kill: bool = False,
     drain_timeout: float = 300.0,
@@ -861,7 +861,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m demo.run", description=__doc__.splitlines()[0])
     parser.add_argument("--keep", action="store_true", help="leave the cluster and broker up")
     parser.add_argument("--rate", type=int, default=1000, help="events per second")
-    parser.add_argument("--duration", type=float, default=75.0, help="seconds of producing")
+    parser.add_argument("--duration", type=float, default=45.0, help="seconds of producing")
     parser.add_argument("--work-dir", type=Path, default=None, help="broker dir (default: temp)")
     args = parser.parse_args(argv)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="eop-demo-"))

@@ -40,8 +40,8 @@ kube_components=(kube-apiserver kube-controller-manager kube-scheduler kubelet k
 cluster_components=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd helm)
 all_components=("${kube_components[@]}" etcd helm coredns)
 
-export CGO_ENABLED="${CGO_ENABLED:-0}"
-export GOFLAGS="-mod=mod"
+# shellcheck source-path=SCRIPTDIR source=go-build.env
+source "$here/go-build.env"
 
 log() { printf '[build-kube] %s\n' "$*" >&2; }
 now() { date +%s.%N; }

@@ -26,8 +26,8 @@ prom_v="${PROMETHEUS_MODULE_VERSION:?PROMETHEUS_MODULE_VERSION missing in versio
 seaweedfs_v="${SEAWEEDFS_MODULE_VERSION:?SEAWEEDFS_MODULE_VERSION missing in versions.env}"
 all_tools=(kstatus-check promql-check promtool lua5.4 seaweedfs)
 
-export CGO_ENABLED="${CGO_ENABLED:-0}"
-export GOFLAGS="-mod=mod"
+# shellcheck source-path=SCRIPTDIR source=go-build.env
+source "$here/go-build.env"
 
 log() { printf '[build-tools] %s\n' "$*" >&2; }
 usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }

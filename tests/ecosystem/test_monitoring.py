@@ -58,6 +58,7 @@ def test_every_alert_fires_as_tested_by_promtool() -> None:
         "EopTransactionsFenced",
         "EopPipelineStuck",
         "EopHealthChecksFailing",
+        "EopReconcileFailing",
         "EopNoOperatorLeader",
     }
     cases = yaml.safe_load(RULES_TEST.read_text())["tests"]

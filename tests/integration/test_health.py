@@ -352,7 +352,9 @@ def test_a_suspended_pipelines_progress_outlives_the_retention(
     """No driver runs, yet the operator keeps G: a pipeline may stay suspended for weeks.
 
     The same for a pipeline that is not suspended but whose driver pod runs no container
-    (a crash loop; here no kubelet ever starts it), in the same minute.
+    (a crash loop; here no kubelet ever starts it), and for one whose spec was refused
+    (phase Invalid: the G of the spec that last ran waits for the user's fix), in the same
+    minute.
     """
     cp, ns, broker = control_plane, kube_namespace, short_retention_broker
     name, topic, other = "resting", "in-resting", "in-unwatched"
@@ -371,6 +373,31 @@ def test_a_suspended_pipelines_progress_outlives_the_retention(
     commit(broker, f"eop.{ns}.{stuck}", stuck_topic, {0: 4})
     kafka_secret(cp, ns, stuck)
     _apply(cp, ns, pipeline(stuck, broker, stuck_topic, checkInterval="5s"))
+    refused, refused_topic = "refused", "in-refused"
+    broker.create_topic(refused_topic, 1)
+    produce(broker, refused_topic, {0: 6})
+    commit(broker, f"eop.{ns}.{refused}", refused_topic, {0: 6})
+    kafka_secret(cp, ns, refused)
+    ran = pipeline(refused, broker, refused_topic, checkInterval="5s")
+    _apply(cp, ns, ran)
+    wait_for(lambda: status(cp, ns, refused).get("transactionalIdPrefix"), "its identity recorded")
+    # What the operator records once a spec ran healthily (no kubelet runs a driver here).
+    stable = json.dumps({"status": {"lastStableSpec": ran["spec"]}})
+    cp.kubectl(
+        "patch",
+        "eop",
+        refused,
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        stable,
+        check=True,
+    )
+    ran["spec"]["transactions"] = {"idPrefix": "another-identity"}  # refused: ids cannot change
+    _apply(cp, ns, ran)
+    wait_for(lambda: status(cp, ns, refused).get("phase") == "Invalid", "the new spec refused")
     commit(broker, "eop.unwatched", other, {0: 0})  # no pipeline: expires as Kafka says
     wait_for(lambda: pod(cp, ns, f"{stuck}-driver-0"), "the crashing pipeline's driver pod")
 
@@ -384,3 +411,5 @@ def test_a_suspended_pipelines_progress_outlives_the_retention(
     assert committed(broker, group, topic, 2) == {0: 5, 1: 3}
     assert committed(broker, f"eop.{ns}.{stuck}", stuck_topic, 1) == {0: 4}
     assert pod(cp, ns, f"{stuck}-driver-0") is not None  # its pod was there all along
+    assert committed(broker, f"eop.{ns}.{refused}", refused_topic, 1) == {0: 6}
+    assert status(cp, ns, refused).get("phase") == "Invalid"  # refused all along

@@ -146,6 +146,21 @@ def load_stored(obj: Mapping[str, Any]) -> Lenient[ExactlyOncePipeline]:
     return validate_lenient(ExactlyOncePipeline, obj, ratchet=accepted_unchanged(obj))
 
 
+def load_last_stable(obj: Mapping[str, Any]) -> ExactlyOncePipeline:
+    """The pipeline as it last ran healthily: its ``status.lastStableSpec`` as its spec.
+
+    Read leniently and ratcheted, as :func:`load_stored` reads an accepted spec.  Raises
+    :class:`InvalidPipeline` when no spec ran healthily yet, or the recorded one no longer
+    loads even so.
+    """
+    _check_kind(obj)
+    data = plain(obj)
+    stable = (data.get("status") or {}).get("lastStableSpec")
+    if not isinstance(stable, dict):
+        raise InvalidPipeline("status.lastStableSpec: no spec has run healthily yet")
+    return validate_lenient(ExactlyOncePipeline, {**data, "spec": stable}, ratchet=True).value
+
+
 def load_pipeline_file(path: Path) -> ExactlyOncePipeline:
     """Read and validate a manifest file holding one ExactlyOncePipeline."""
     try:

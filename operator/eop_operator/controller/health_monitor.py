@@ -7,8 +7,9 @@ its history and asks ``health.stall`` for the verdict.  It writes
 fields, see ``kube.status``), and restarts a stalled driver by deleting its pod
 (the StatefulSet recreates it) with a ``RestartStalled`` Warning event.
 
-While no driver container runs (suspended, crash loop, scaled to zero), the
-daemon also keeps its progress group from expiring (``health.keep_alive``).
+While no driver container runs (suspended, crash loop, scaled to zero, a
+refused spec), the daemon also keeps its progress group from expiring
+(``health.keep_alive``); for a refused spec, the group of the spec that last ran.
 
 A pipeline is never restarted while it is suspended, while its driver is not
 Ready (a starting driver commits nothing yet) or while an upgrade is in
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eop_operator import metrics
-from eop_operator.api.load import InvalidPipeline, load_stored
+from eop_operator.api.load import InvalidPipeline, load_last_stable, load_stored
 from eop_operator.api.models import ExactlyOncePipeline
 from eop_operator.api.resolve import IdentityChanged, resolve_identity
 from eop_operator.controller.context import Context
@@ -86,6 +87,28 @@ def _driver_pod(pods: WatchIndex, pipeline: ExactlyOncePipeline) -> dict[str, An
     )
 
 
+def kept_pipeline(body: Mapping[str, Any]) -> tuple[ExactlyOncePipeline, bool] | None:
+    """The pipeline whose progress the daemon keeps, and whether its spec is refused.
+
+    A refused spec (phase ``Invalid``: it does not load, or asks for another identity)
+    starts no driver, but the progress of the spec that last ran must outlive the user's
+    fix however long it takes (invariant 6): that spec (``status.lastStableSpec``) is
+    kept alive, and nothing else is checked.  None: refused, and nothing ever ran.
+    """
+    try:
+        pipeline = load_stored(body).value
+        resolve_identity(pipeline)
+        return pipeline, False
+    except (InvalidPipeline, IdentityChanged):
+        pass
+    try:
+        stable = load_last_stable(body)
+        resolve_identity(stable)
+    except (InvalidPipeline, IdentityChanged):
+        return None
+    return stable, True
+
+
 class HealthMonitor:
     """Runs the checks of every pipeline through one context, a few at a time."""
 
@@ -124,16 +147,16 @@ class HealthMonitor:
 
     async def check(self, body: Mapping[str, Any], memory: HealthMemory, pods: WatchIndex) -> float:
         """Check the lag and keep ``G`` alive as needed; return the seconds until the next."""
-        try:
-            pipeline = load_stored(body).value
-        except InvalidPipeline:
+        found = kept_pipeline(body)
+        if found is None:
             return INVALID_RETRY_S
+        pipeline, refused = found
         interval = pipeline.spec.health.check_interval.seconds
         deleting = bool(body["metadata"].get("deletionTimestamp"))
         namespace, name = pipeline.metadata.namespace, pipeline.metadata.name
         failed: str | None = None  # the kind of the first failure of this check
         problem = None  # what status.progress.message says after this check
-        if not pipeline.spec.suspend and not deleting:
+        if not pipeline.spec.suspend and not deleting and not refused:
             try:
                 outcome = await self.check_lag(body, pipeline, memory, _driver_pod(pods, pipeline))
                 if isinstance(outcome, str):

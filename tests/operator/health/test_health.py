@@ -538,3 +538,47 @@ def test_the_partitions_progress_held_are_recorded_and_their_loss_is_named() -> 
     assert message is not None
     assert "eop.ns.p has no committed offset for in-0, which it held before" in message
     assert "--reset-offsets --group eop.ns.p" in message
+
+
+def refused_body(spec: dict[str, Any], stable: dict[str, Any] | None) -> dict[str, Any]:
+    """A pipeline whose spec the operator refused (Invalid); ``stable``: the spec that ran."""
+    body = tls_body("kafka-user", "refused")
+    body["spec"] = spec
+    body["status"] = {"phase": "Invalid", "transactionalIdPrefix": "ids-in-use"}
+    if stable is not None:
+        body["status"]["lastStableSpec"] = stable
+    return body
+
+
+@pytest.mark.parametrize("cause", ["another identity", "does not load"])
+def test_a_refused_spec_keeps_the_progress_of_the_spec_that_last_ran(
+    monkeypatch: pytest.MonkeyPatch, cause: str
+) -> None:
+    ran = {**tls_body("kafka-user")["spec"], "transactions": {"idPrefix": "ids-in-use"}}
+    refused = {**ran, "transactions": {"idPrefix": "new-ids"}}
+    if cause == "does not load":
+        refused = {**ran, "sink": {}}
+    kept: list[Any] = []
+
+    async def access(_client: Any, pipeline: Any) -> str:
+        return "access"
+
+    async def keep(_access: Any, pipeline: Any, schedule: Any) -> None:
+        kept.append(pipeline)
+
+    async def no_lag_check(*_: Any) -> Reading:
+        raise AssertionError("a refused spec's lag was checked")
+
+    monkeypatch.setattr(health_monitor, "kafka_access", access)
+    monkeypatch.setattr(health_monitor, "keep_progress_alive", keep)
+    monkeypatch.setattr(health_monitor, "read_progress", no_lag_check)
+    monitor = HealthMonitor(Context.of(OperatorOptions(), HealthApi(None)))  # type: ignore[arg-type]
+
+    def check(body: dict[str, Any]) -> None:
+        asyncio.run(monitor.check(body, HealthMemory(), {}))  # no driver pod
+
+    check(refused_body(refused, ran))
+    assert [p.spec.transactions.id_prefix for p in kept] == ["ids-in-use"]
+    kept.clear()
+    check(refused_body(refused, None))  # nothing ever ran: no progress to keep
+    assert kept == []
