@@ -8,6 +8,7 @@ pods stay Pending and the phase stays Pending.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
 from collections.abc import Iterator
@@ -578,3 +579,68 @@ def test_a_pipeline_applied_as_v1beta1_runs_and_a_newer_operators_condition_surv
     assert kinds["Ready"]["reason"] == "Suspended", kinds["Ready"]
     assert kinds.get("Autoscaled", {}).get("message") == "by v2", "the foreign condition is gone"
     assert not [e for e in _events(cp, ns, "beta") if e["reason"] == "InvalidSpec"]
+
+
+@contextlib.contextmanager
+def _newer_crd(cp: ControlPlane) -> Iterator[None]:
+    """The CRD as a newer chart leaves it after ``helm rollback`` (Helm never rolls back what
+    it installs from ``crds/``): a spec field and a status field this operator does not know.
+    The CRD as installed is put back afterwards."""
+    name = "crd/exactlyoncepipelines.exactlyonce.io"
+    installed = json.loads(cp.kubectl("get", name, "-o", "json", check=True).stdout)
+    newer = json.loads(json.dumps(installed))
+    for version in newer["spec"]["versions"]:
+        properties = version["schema"]["openAPIV3Schema"]["properties"]
+        properties["spec"]["properties"]["autoscaling"] = {
+            "type": "object",
+            "properties": {"maxExecutors": {"type": "integer"}},
+        }
+        properties["status"]["properties"]["autoscaledAt"] = {"type": "string"}
+    cp.kubectl("replace", "-f", "-", input=json.dumps(newer), check=True)
+    try:
+        yield
+    finally:
+        current = json.loads(cp.kubectl("get", name, "-o", "json", check=True).stdout)
+        current["spec"] = installed["spec"]
+        cp.kubectl("replace", "-f", "-", input=json.dumps(current), check=True)
+
+
+def test_after_a_rollback_the_operator_runs_what_a_newer_one_accepted_and_keeps_its_fields(
+    control_plane: ControlPlane, operator: Path, kube_namespace: str
+) -> None:
+    """An operator rolled back under a newer CRD runs a pipeline written with a field only the
+    newer version knows: it ignores the field and says so (``UnknownFields``), never refuses
+    the pipeline, and never drops what the newer operator wrote in the status."""
+    cp, ns = control_plane, kube_namespace
+    pipeline = _pipeline("newer", autoscaling={"maxExecutors": 4})
+    with _newer_crd(cp):
+        # Strict field validation refuses the field until the newer schema is served.
+        path = f"/apis/exactlyonce.io/v1alpha1/namespaces/{ns}/exactlyoncepipelines"
+        wait_for(lambda: cp.dry_run_create(path, pipeline)[0] == 201, "the newer schema served")
+        _apply(cp, ns, pipeline)
+        wait_for(lambda: get(cp, "statefulset", "newer-driver", ns), "the driver's StatefulSet")
+        ignored = wait_for(
+            lambda: [e for e in _events(cp, ns, "newer") if e["reason"] == "UnknownFields"],
+            "the UnknownFields event",
+        )
+        assert "spec.autoscaling" in ignored[0]["message"], ignored
+        assert not [e for e in _events(cp, ns, "newer") if e["reason"] == "InvalidSpec"]
+        # What the newer operator recorded stays through this one's status writes.
+        cp.kubectl(
+            "patch", "eop", "newer", "-n", ns, "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": {"autoscaledAt": "2026-01-01T00:00:00Z"}}),
+            check=True,
+        )  # fmt: skip
+        _apply(cp, ns, {**pipeline, "spec": {**pipeline["spec"], "suspend": True}})
+        status = wait_for(
+            lambda: (
+                (s := (get(cp, "eop", "newer", ns) or {}).get("status", {})).get("phase")
+                == "Suspended"
+                and s
+            ),
+            "phase Suspended",
+        )
+        assert status.get("autoscaledAt") == "2026-01-01T00:00:00Z", status
+        stored = get(cp, "eop", "newer", ns) or {}
+        assert stored["spec"].get("autoscaling") == {"maxExecutors": 4}
+        cp.kubectl("delete", "eop", "newer", "-n", ns, "--wait=true", "--timeout=30s", check=True)
