@@ -25,6 +25,8 @@ source end offsets.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -43,6 +45,8 @@ from devenv.runners import Offsets, Pipeline, Runner
 from eop_spark.contract.termination import FAILURE_PREFIX
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[3]
 
 PARTITIONS = 4
 #: Records the producer writes per second (over all partitions), during the whole test.
@@ -299,6 +303,42 @@ def fleet_on(cluster: KafkaCluster, work: Path) -> Iterator[tuple[Fleet, InputWr
         fleet.cleanup()
 
 
+@dataclass
+class OperatorChecks:
+    """The operator's health check of the JVM-tasks pipeline, in its own process (see
+    ``operator_checks``), checking all through the faults."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def survived(self, since: float) -> None:
+        """The process lives, no check raised what the operator does not catch, and a check
+        after ``since`` (epoch seconds) read the progress again."""
+        alive = self.process.poll() is None
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        assert alive, f"the checks' process died (exit {self.process.returncode}): {lines[-5:]}"
+        errors = [line for line in lines if line.startswith("error ")]
+        assert not errors, errors[:5]
+        good = [float(line.split()[1]) for line in lines if line.startswith("ok ")]
+        assert good and max(good) > since, f"no good check after the faults: {lines[-5:]}"
+        unavailable = sum(line.startswith("unavailable ") for line in lines)
+        print(f"operator checks: {len(good)} good, {unavailable} unavailable, none failed")
+
+
+@contextmanager
+def operator_checks(cluster: KafkaCluster, fleet: Fleet, log: Path) -> Iterator[OperatorChecks]:
+    """Run the operator's check of the JVM-tasks pipeline's progress while the block runs."""
+    pipeline = fleet.slots["jvm-tasks"].pipeline
+    module = "tests.spark_apps.exactly_once.operator_checks"
+    args = [cluster.bootstrap_servers, fleet.source_topic, pipeline.sink_topic, pipeline.group]
+    process = subprocess.Popen([sys.executable, "-m", module, *args, str(log)], cwd=ROOT)
+    try:
+        yield OperatorChecks(process, log)
+    finally:
+        process.kill()
+        process.wait(30)
+
+
 def roles(cluster: KafkaCluster, fleet: Fleet) -> dict[str, int | None]:
     """The node that holds each role the pipelines rely on, right now."""
     jvm, python = fleet.slots["jvm-tasks"].pipeline, fleet.slots["python-tasks"].pipeline
@@ -326,7 +366,10 @@ def test_rolling_restart_and_hard_kills_under_running_pipelines(
     which hits every role it holds at that moment; on 3 nodes a few kills hit them all.
     """
     cluster = kafka_cluster_chaos
-    with fleet_on(cluster, tmp_path) as (fleet, writer):
+    with (
+        fleet_on(cluster, tmp_path) as (fleet, writer),
+        operator_checks(cluster, fleet, tmp_path / "checks.log") as checks,
+    ):
         rolled = time.monotonic()
         cluster.roll()
         print(f"roll: {time.monotonic() - rolled:.0f}s")
@@ -357,6 +400,7 @@ def test_rolling_restart_and_hard_kills_under_running_pipelines(
             caught_up = fleet.catch_up(KILL_RECOVERY_S)
             print(f"  caught up {caught_up:.1f}s later; exits so far {fleet.exits()}")
         fleet.finish(writer.stop())
+        checks.survived(back)
         for path, exits in fleet.exits().items():
             assert len(exits) <= EXITS_PER_KILL * kills, (path, exits)
             for code, line in exits:
