@@ -38,7 +38,7 @@ from tests.integration.operators import OperatorProcess, install_chart, wait_for
 from tests.integration.test_health import commit, kafka_secret, pipeline, status
 from tests.integration.test_operator_on_apiserver import _apply, get
 
-pytestmark = [pytest.mark.kube, pytest.mark.kafka]
+pytestmark = [pytest.mark.kube, pytest.mark.kafka, pytest.mark.slow]
 
 RELEASE = "eop-faults"
 NAMESPACE = "eop-faults-system"
