@@ -36,14 +36,13 @@ from devenv.processes import free_port
 from eop_operator.kube.client import _ssl_context
 from tests.integration.operators import OperatorProcess, install_chart, wait_for
 from tests.integration.test_health import commit, kafka_secret, pipeline, status
+from tests.integration.test_lease import HOP_BY_HOP
 from tests.integration.test_operator_on_apiserver import _apply, get
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka, pytest.mark.slow]
 
 RELEASE = "eop-faults"
 NAMESPACE = "eop-faults-system"
-#: Request headers the proxy does not pass on (its own connection's, not the request's).
-HOP_BY_HOP = {"host", "content-length", "transfer-encoding", "connection"}
 
 
 class FaultyProxy:
