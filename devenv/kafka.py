@@ -953,7 +953,7 @@ def _up(argv: Sequence[str]) -> int:
         "--kafka",
         choices=[pinned["KAFKA_VERSION"], pinned["KAFKA_FIELD_VERSION"]],
         default=pinned["KAFKA_VERSION"],
-        help="the Kafka release of a single broker (default: %(default)s)",
+        help="the Kafka release of the broker or of every node (default: %(default)s)",
     )
     up.add_argument(
         "--topics",
@@ -972,8 +972,8 @@ def _up(argv: Sequence[str]) -> int:
         return 0
 
     if args.brokers > 1:
-        if args.tls or args.port is not None or args.kafka != pinned["KAFKA_VERSION"]:
-            parser.error("--tls, --port and --kafka are for one broker only")
+        if args.tls or args.port is not None:
+            parser.error("--tls and --port are for one broker only")
         return _serve_cluster(args)
     stop = stop_on_signals()
     started = time.monotonic()
@@ -1015,13 +1015,15 @@ def _serve_cluster(args: argparse.Namespace) -> int:
 
     stop = stop_on_signals()
     started = time.monotonic()
-    cluster = KafkaCluster(args.dir, brokers=args.brokers, heap=args.heap).start()
+    cluster = KafkaCluster(
+        args.dir, brokers=args.brokers, heap=args.heap, version=args.kafka
+    ).start()
     try:
         for name, partitions in args.topics:
             cluster.create_topic(name, partitions, exist_ok=True)
         logs = "".join(f"node {n.node_id} log: {n.log_path}\n" for n in cluster.nodes)
         print(
-            f"Kafka {versions()['KAFKA_VERSION']}, {args.brokers} nodes, up in "
+            f"Kafka {args.kafka}, {args.brokers} nodes, up in "
             f"{time.monotonic() - started:.1f}s\n"
             f"bootstrap servers: {cluster.bootstrap_servers}\n{_topics_line(args.topics)}{logs}"
             "Ctrl-C to stop.",

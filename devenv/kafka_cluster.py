@@ -131,11 +131,13 @@ class KafkaCluster(KafkaClients, Service):
         overrides: Mapping[str, str] | None = None,
         node_overrides: Mapping[int, Mapping[str, str]] | None = None,
         start_timeout: float = 120.0,
+        version: str | None = None,
     ) -> None:
         """Describe a cluster; nothing runs until :meth:`start`.
 
         ``overrides``: ``server.properties`` entries for every node; ``node_overrides``: by
-        node id, entries for that node only (applied last).
+        node id, entries for that node only (applied last); ``version``: the Kafka release
+        every node runs (as :class:`KafkaBroker`'s).
         """
         if brokers < 1:
             raise ValueError("a cluster needs at least one node")
@@ -150,6 +152,7 @@ class KafkaCluster(KafkaClients, Service):
                 heap=heap,
                 overrides={**common, **node_overrides.get(node_id, {})},
                 start_timeout=start_timeout,
+                version=version,
             )
             for node_id in range(1, brokers + 1)
         ]

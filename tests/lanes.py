@@ -2,16 +2,18 @@
 
 Each lane (:data:`tests.plugins.lifetimes.LANES`, chosen per test module by
 :func:`~tests.plugins.lifetimes.lane_of`) is a pytest process of its own with its own
-components: one runs the tests of the control plane, the local clusters and the second Kafka
-clusters, the other those of one broker, Spark and the object store. A test's JVMs and
-components leave some of 2 cores idle while it waits (on a pod to start, a coordinator to
-move, a timeout to pass), so the two lanes together take far less than one after the other.
+components: one runs the tests of the control plane and the local clusters, one those that
+break brokers or runners for minutes (the replicated Kafka clusters, the chaos runs), one
+the rest (one broker, Spark, the object store). A test's JVMs and components leave some of
+2 cores idle while it waits (on a pod to start, a coordinator to move, a timeout to pass),
+so the lanes together take far less than one after the other.
 
 Each lane's output goes to ``.eop/suite/<lane>.log``, and to the terminal line by line with
 the lane's name in front; each lane's own summary (failures, its suite clock) is printed
-again at the end. The exit status is 0 only when every lane passed. The ceiling of
-``tests/plugins/suite_clock.py`` holds for each lane, as each runs from start to end of the
-whole run. SIGINT or SIGTERM stops every lane (each tears its components down).
+again at the end, and every test's phases and CPU are in ``.eop/suite/<lane>.json``. The
+exit status is 0 only when every lane passed. The ceiling of ``tests/plugins/suite_clock.py``
+holds for each lane, as each runs from start to end of the whole run. SIGINT or SIGTERM
+stops every lane (each tears its components down).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def _command(lane: str, out: Path, args: list[str]) -> list[str]:
         sys.executable, "-m", "pytest", "--lane", lane,
         # Each lane its own temporary tree; no shared cache file written by both at once.
         "--basetemp", str(out / f"tmp-{lane}"), "-p", "no:cacheprovider",
+        "--suite-clock", str(out / f"{lane}.json"),
         *args,
     ]  # fmt: skip
 

@@ -229,27 +229,48 @@ def test_on_its_own():
     time.sleep(float(os.environ.get("OVERLAP_S", "0")))
 """
 
+_FAULTS = """
+import os, time
+import pytest
+
+pytestmark = pytest.mark.slow
+
+def test_for_minutes():
+    open(f"faults-{os.getpid()}", "w").write(str(time.time()))
+    time.sleep(float(os.environ.get("OVERLAP_S", "0")))
+"""
+
+#: The plugins a lanes' run needs: ``--lane`` and ``--suite-clock``.
+_LANES_CONFTEST = 'pytest_plugins = ["tests.plugins.lifetimes", "tests.plugins.suite_clock"]'
+
 
 def test_lanes_run_side_by_side_each_its_modules_and_a_failure_in_one_fails_the_run(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, pytestconfig: pytest.Config
 ) -> None:
     from tests import lanes
 
-    pytester.makeconftest('pytest_plugins = ["tests.plugins.lifetimes"]')
-    pytester.makepyfile(test_cluster_side=_LANED, test_data_side=_DATA)
+    pytester.makeconftest(_LANES_CONFTEST)
+    pytester.makeini("[pytest]\nmarkers =\n    slow: long")
+    pytester.makepyfile(test_cluster_side=_LANED, test_data_side=_DATA, test_faults_side=_FAULTS)
     monkeypatch.setenv("PYTHONPATH", str(pytestconfig.rootpath))
     monkeypatch.setenv("OVERLAP_S", "1.5")  # each lane's test lasts long enough to overlap
     assert lanes.main(["-v"], root=pytester.path) == 0
     out = pytester.path / ".eop" / "suite"
-    cluster_log, data_log = (out / "cluster.log").read_text(), (out / "data.log").read_text()
-    assert "test_cluster_side.py::test_on_the_control_plane PASSED" in cluster_log
-    assert "test_data_side" not in cluster_log
-    assert "test_data_side.py::test_on_its_own PASSED" in data_log
-    assert "test_cluster_side" not in data_log
-    # One process each, and at the same time: each started before the other ended.
-    (cluster,) = [float(p.read_text()) for p in pytester.path.glob("cluster-*")]
-    (data,) = [float(p.read_text()) for p in pytester.path.glob("data-*")]
-    assert abs(cluster - data) < 1.5
+    expected = {
+        "cluster": "test_cluster_side.py::test_on_the_control_plane",
+        "faults": "test_faults_side.py::test_for_minutes",
+        "data": "test_data_side.py::test_on_its_own",
+    }
+    for lane, test in expected.items():
+        log = (out / f"{lane}.log").read_text()
+        assert f"{test} PASSED" in log
+        assert not [t for t in expected.values() if t != test and t.split("::")[0] in log]
+        # Each test's phases are on record, lane by lane.
+        assert set(json.loads((out / f"{lane}.json").read_text())["tests"]) == {test}
+    # One process each, and at the same time: each started before the others ended.
+    starts = [float(p.read_text()) for lane in expected for p in pytester.path.glob(f"{lane}-*")]
+    assert len(starts) == 3
+    assert max(starts) - min(starts) < 1.5
 
     monkeypatch.delenv("OVERLAP_S")
     monkeypatch.setenv("FAIL_CLUSTER", "1")
@@ -276,7 +297,7 @@ def test_interrupting_the_lanes_stops_both_even_as_a_background_job(
 ) -> None:
     """A background job of a non-interactive shell (CI's) starts with SIGINT ignored; the
     lanes' pytest processes must still stop at the SIGINT (or SIGTERM) the lanes pass on."""
-    pytester.makeconftest('pytest_plugins = ["tests.plugins.lifetimes"]')
+    pytester.makeconftest(_LANES_CONFTEST)
     pytester.makepyfile(test_long=_LONG)
     env = {**os.environ, "PYTHONPATH": str(pytestconfig.rootpath)}
     root = str(pytester.path)

@@ -188,6 +188,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
         ),
         operator_upgrade_parallelism=args.operator_upgrade_parallelism,
         rbac_name=args.rbac_name,
+        **({"api_timeout": args.api_timeout} if args.api_timeout else {}),
     )
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
     try:
@@ -305,6 +306,14 @@ def _at_least_one(text: str) -> int:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    """A number of seconds that must be more than 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
+    return value
+
+
 def _ip_address(text: str) -> str:
     """An option that must be an IP address (IPv4 or IPv6, ``0.0.0.0``/``::`` for all)."""
     try:
@@ -393,6 +402,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="let pipelines run as this ServiceAccount of their namespace "
         "(spec.serviceAccountName, the executors'; repeatable; by default a driver runs only "
         "as the account eop makes)",
+    )
+    op.add_argument(
+        "--api-timeout",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="how long one request of the operator to the API server may take, answer "
+        "included, before it counts as failed (default 30)",
     )
     op.add_argument("--liveness", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     op.add_argument(

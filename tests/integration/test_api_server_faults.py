@@ -12,6 +12,11 @@ under Priority and Fairness), the operator:
   ``EopHealthChecksFailing`` fires on), and stays alive;
 * once the API server answers again, applies the spec edit it could not apply, with no
   restart of its own, and its checks succeed again.
+
+Then the proxy holds every new request without an answer (an API server too slow to answer,
+watches aside): each request of the operator gives up at its ``--api-timeout``, and the same
+counters count the step and the check that failed, with ``no response`` in the log; once
+answers come again, the next edit is applied.
 """
 
 from __future__ import annotations
@@ -45,16 +50,23 @@ RELEASE = "eop-faults"
 NAMESPACE = "eop-faults-system"
 
 
-class FaultyProxy:
-    """The API server behind a switch: while ``refusing``, new requests get 429 or 503.
+#: The operator's ``--api-timeout``: how long a request waits for an answer that never comes.
+API_TIMEOUT_S = 2
 
-    Runs its own event loop in a thread; ``refused`` counts the requests it refused.
+
+class FaultyProxy:
+    """The API server behind switches: while ``refusing``, new requests get 429 or 503; while
+    ``stalling``, new requests but watches get no answer until it stops (then a 504).
+
+    Runs its own event loop in a thread; ``refused`` and ``stalled`` count those requests.
     """
 
     def __init__(self, server: str, ca: Path) -> None:
         self.upstream = kopf.ConnectionInfo(server=server, ca_path=str(ca))
         self.refusing = False
         self.refused = 0
+        self.stalling = False
+        self.stalled = 0
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.loop = asyncio.new_event_loop()
@@ -89,6 +101,11 @@ class FaultyProxy:
                 status=code,
                 headers={"Retry-After": "1"},
             )
+        if self.stalling and request.query.get("watch") not in ("true", "1"):
+            self.stalled += 1
+            while self.stalling:
+                await asyncio.sleep(0.2)
+            return web.json_response({"kind": "Status", "code": 504}, status=504)
         async with self.session.request(
             request.method,
             self.upstream.server + request.path_qs,
@@ -131,7 +148,9 @@ def proxied_operator(
     kubeconfig = install_chart(control_plane, RELEASE, NAMESPACE)
     proxy = FaultyProxy(control_plane.server, control_plane.ca_cert)
     proc = OperatorProcess(
-        through(kubeconfig, proxy), tmp_path / "operator.log", "--namespace", kube_namespace
+        through(kubeconfig, proxy),
+        tmp_path / "operator.log",
+        *("--namespace", kube_namespace, "--api-timeout", str(API_TIMEOUT_S)),
     )
     try:
         wait_for(proc.alive, "the operator's liveness endpoint")
@@ -215,3 +234,34 @@ def test_a_throttling_api_server_is_retried_counted_and_recovered_from(
     wait_for(lambda: "IS NOT NULL" in rendered_sql(cp, ns), "the edit in the run configuration")
     wait_for(lambda: counted(proc, success, ns) > recovered_at, "a good health check again")
     assert proc.proc.poll() is None  # the same process: it recovered on its own
+
+    # Too slow to answer at all: each request gives up at the operator's --api-timeout.
+    steps = counted(proc, "eop_reconcile_failures_total", ns, error="KubeUnavailable")
+    checks = counted(proc, "eop_health_check_failures_total", ns, kind="api")
+    proxy.stalling = True
+    stalled_at = time.time()
+    _apply(cp, ns, manifest(broker, "SELECT key, value FROM source WHERE key IS NOT NULL"))
+    wait_for(
+        lambda: counted(proc, "eop_reconcile_failures_total", ns, error="KubeUnavailable") > steps,
+        "a lifecycle step to give up on an API server that does not answer",
+        timeout=60,
+    )
+    # At the operator's --api-timeout (a few seconds, with the timer's next tick), not 30 s.
+    assert time.time() - stalled_at < 20
+    wait_for(
+        lambda: counted(proc, "eop_health_check_failures_total", ns, kind="api") > checks,
+        "a health check to give up on an API server that does not answer",
+        timeout=60,
+    )
+    assert proxy.stalled and proc.alive()
+    assert counted(proc, success, ns) < stalled_at  # no check got through meanwhile
+    assert "no response: TimeoutError()" in proc.text()
+    assert "key IS NOT NULL" not in rendered_sql(cp, ns)
+
+    proxy.stalling = False
+    wait_for(
+        lambda: "key IS NOT NULL" in rendered_sql(cp, ns),
+        "the edit applied once the API server answers again",
+        timeout=120,
+    )
+    assert proc.proc.poll() is None

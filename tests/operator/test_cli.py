@@ -71,6 +71,18 @@ def test_operator_upgrade_parallelism_is_one_by_default_and_at_least_one(
     assert "--operator-upgrade-parallelism" in err and "at least 1" in err
 
 
+@pytest.mark.parametrize("given", ["0", "-1", "soon"])
+def test_the_api_timeout_is_a_positive_number_of_seconds(
+    given: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert build_parser().parse_args(["operator", "-A", "--api-timeout", "2.5"]).api_timeout == 2.5
+    with pytest.raises(SystemExit) as exited:
+        main(["operator", "-A", f"--api-timeout={given}"])
+    assert exited.value.code == EXIT_INVALID
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--api-timeout" in err and given in err
+
+
 def test_render_binds_executors_to_the_given_drivers_role(
     manifest: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

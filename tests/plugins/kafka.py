@@ -28,6 +28,8 @@ Fixtures:
   Its ``offsets.retention.minutes`` differ by node (:data:`CLUSTER_RETENTION_MINUTES`).
 * ``kafka_cluster_chaos`` (function): ``kafka_cluster`` for a test that kills, stops or rolls
   its nodes: afterwards every node runs again and every partition is fully replicated.
+* ``field_cluster`` (session, stopped after its last user) and ``field_cluster_chaos``
+  (function): the same replicated cluster, every node of ``FIELD_KAFKA_VERSION`` (Kafka 3.x).
 * ``other_cluster_broker`` (module): a second Kafka cluster (its own cluster id) for pipelines
   whose source and sink are different clusters. Its PLAINTEXT clients are super users; its
   SASL/PLAIN listener admits one user (``sasl_plain_users``) whom ACLs can limit (the
@@ -84,15 +86,28 @@ SHORT_RETENTION = {
 #: ``kafka_cluster``'s ``offsets.retention.minutes`` by node: not Kafka's default (7 days),
 #: and one node's smaller than the others' (the one a keep-alive must go by).
 CLUSTER_RETENTION_MINUTES = {1: 2880, 2: 1440, 3: 2880}
-#: The Kafka release of ``field_broker``.
+#: The Kafka release of the session's broker and of ``kafka_cluster``.
+KAFKA_VERSION = versions()["KAFKA_VERSION"]
+#: The Kafka release of ``field_broker`` and ``field_cluster``.
 FIELD_KAFKA_VERSION = versions()["KAFKA_FIELD_VERSION"]
+#: The fixtures that start a Kafka broker or cluster (their users are marked ``kafka``).
+BROKERS = frozenset(
+    {
+        "kafka_broker",
+        "kafka_cluster",
+        "field_broker",
+        "field_cluster",
+        "short_retention_broker",
+        "short_retention_cluster",
+        "other_cluster_broker",
+    }
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test that uses a broker ``kafka``."""
     for item in items:
-        brokers = {"kafka_broker", "kafka_cluster", "field_broker"}
-        if brokers & set(getattr(item, "fixturenames", ())) or item.get_closest_marker(
+        if BROKERS & set(getattr(item, "fixturenames", ())) or item.get_closest_marker(
             "field_broker"
         ):
             item.add_marker(pytest.mark.kafka)
@@ -148,12 +163,32 @@ def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaClu
         yield cluster
 
 
+def _whole_again(cluster: KafkaCluster) -> Iterator[KafkaCluster]:
+    """``cluster`` for one test; afterwards every node runs and every ISR is full."""
+    yield cluster
+    cluster.start()
+    cluster.wait_fully_replicated()
+
+
 @pytest.fixture
 def kafka_cluster_chaos(kafka_cluster: KafkaCluster) -> Iterator[KafkaCluster]:
     """``kafka_cluster``, whole again after the test: every node runs, every ISR is full."""
-    yield kafka_cluster
-    kafka_cluster.start()
-    kafka_cluster.wait_fully_replicated()
+    yield from _whole_again(kafka_cluster)
+
+
+@pytest.fixture(scope="session")
+def field_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """A 3-node replicated cluster as ``kafka_cluster``, every node of Kafka 3.x."""
+    with KafkaCluster(
+        tmp_path_factory.mktemp("field-cluster"), version=FIELD_KAFKA_VERSION
+    ) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def field_cluster_chaos(field_cluster: KafkaCluster) -> Iterator[KafkaCluster]:
+    """``field_cluster``, whole again after the test (as ``kafka_cluster_chaos``)."""
+    yield from _whole_again(field_cluster)
 
 
 @pytest.fixture
@@ -220,6 +255,18 @@ def inter_broker_protocol(cluster: KafkaClients) -> str | None:
         admin.describe_configs([resource])[resource].result(30).get("inter.broker.protocol.version")
     )
     return None if entry is None else str(entry.value)
+
+
+def assert_runs_release(cluster: KafkaClients, version: str) -> None:
+    """``cluster``, asked over the admin API, runs Kafka ``version``: a 3.x broker reports its
+    release's inter-broker protocol (``3.9-IV0``), a 4.x one none."""
+    reported = inter_broker_protocol(cluster)
+    if int(version.split(".", 1)[0]) >= 4:
+        assert reported is None, f"a Kafka 3.x broker ({reported}), not Kafka {version}"
+        return
+    release = version.rsplit(".", 1)[0]  # 3.9.1 -> 3.9
+    assert reported is not None, f"not a Kafka {version} broker: a 4.x one"
+    assert reported.split("-")[0] == release, f"Kafka {reported}, not {version}"
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,11 @@
   store; the local cluster; the multi-node cluster. Within a stage they keep their file order
   (and a module's tests stay together, for its module-scoped fixtures). So the tests that
   need no component report first, and every component's users run one after the other.
-* **Lanes.** ``python -m tests.lanes`` (what ``make test`` runs) runs the suite as two
+* **Lanes.** ``python -m tests.lanes`` (what ``make test`` runs) runs the suite as three
   pytest processes side by side, each with components of its own (:func:`lane_of`): the
-  tests that need a control plane, a local cluster or a second Kafka cluster in one, the
-  rest (one broker, Spark, the object store) in the other. ``--lane NAME`` selects one.
+  tests that need a control plane or a local cluster in one, those that break brokers or
+  runners for minutes (the replicated Kafka clusters' users, the chaos runs) in another,
+  the rest (one broker, Spark, the object store) in the third. ``--lane NAME`` selects one.
 * **Release.** Once the last test of the run that uses one of :data:`COMPONENTS` (requests
   its fixture, or carries a marker of its name, as a parameter that runs on ``field_broker``
   does) has finished, that fixture is torn down (the component stops) instead of idling until
@@ -24,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.plugins.kafka import BROKERS
+
 #: Session fixtures that start a real component, released after their last user. (The
 #: one-node local cluster stops before the multi-node stage, whose cluster stops when the
 #: session ends.)
@@ -35,6 +38,7 @@ COMPONENTS = (
     "other_cluster_broker",
     "field_broker",
     "kafka_cluster",
+    "field_cluster",
     "s3_server",
 )
 
@@ -59,15 +63,7 @@ def stage_of(item: pytest.Item) -> int:
         return 5
     if "local_cluster" in fixtures or "e2e" in markers:
         return 4
-    brokers = {
-        "kafka_broker",
-        "short_retention_broker",
-        "short_retention_cluster",
-        "other_cluster_broker",
-        "field_broker",
-        "kafka_cluster",
-    }
-    kafka = brokers & fixtures
+    kafka = BROKERS & fixtures
     if "control_plane" in fixtures or "kube" in markers:
         return 2 if kafka else 1
     if kafka or {"spark_jars", "s3_server"} & fixtures or {"kafka", "spark", "s3"} & markers:
@@ -76,21 +72,38 @@ def stage_of(item: pytest.Item) -> int:
 
 
 #: The lanes, in the order ``python -m tests.lanes`` starts them.
-LANES = ("cluster", "data")
-#: The Kafka clusters beside the session's broker whose users run in the ``cluster`` lane:
-#: the replicated ones, so each starts in one lane only. (The cross-cluster tests' second
-#: broker starts in both lanes: its data-plane tests balance the lanes' minutes.)
-SECOND_CLUSTERS = frozenset({"kafka_cluster", "kafka_cluster_chaos"})
+LANES = ("cluster", "faults", "data")
+#: The replicated Kafka clusters: their users run in the ``faults`` lane, so each cluster
+#: starts in one lane only. (The cross-cluster tests' second broker starts in two lanes.)
+REPLICATED = frozenset(
+    {
+        "kafka_cluster",
+        "kafka_cluster_chaos",
+        "field_cluster",
+        "field_cluster_chaos",
+        "short_retention_cluster",
+    }
+)
+
+
+def _module_marks(item: pytest.Item) -> set[str]:
+    """The names of the marks of ``item``'s module as a whole (its ``pytestmark``)."""
+    marks = getattr(getattr(item, "module", None), "pytestmark", [])
+    return {m.name for m in (marks if isinstance(marks, list) else [marks])}
 
 
 def lane_of(module: list[pytest.Item]) -> str:
     """The lane a test module runs in: ``cluster`` for the control plane's and the local
-    clusters' stages and the users of :data:`SECOND_CLUSTERS`, ``data`` for the rest. The two
-    take about as long; a test module stays in one lane, for its module-scoped fixtures."""
+    clusters' stages; ``faults`` for the users of :data:`REPLICATED` and the modules that are
+    ``slow`` as a whole (chaos runs, broker faults: minutes of kills, restarts and waits
+    each); ``data`` for the rest. The three take about as long; a test module stays in one
+    lane, for its module-scoped fixtures."""
     fixtures = {name for item in module for name in getattr(item, "fixturenames", ())}
     stage = max(stage_of(item) for item in module)
-    if stage in (1, 2, 4, 5) or SECOND_CLUSTERS & fixtures:
+    if stage in (1, 2, 4, 5):
         return "cluster"
+    if REPLICATED & fixtures or "slow" in _module_marks(module[0]):
+        return "faults"
     return "data"
 
 

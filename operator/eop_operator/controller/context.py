@@ -15,7 +15,7 @@ import kopf
 
 from eop_operator.controller.restart_slots import RestartSlots
 from eop_operator.kube.apply import WarningEvents
-from eop_operator.kube.client import KubeClient
+from eop_operator.kube.client import REQUEST_TIMEOUT_S, KubeClient
 from eop_operator.kube.observed import OwnWrites
 from eop_operator.kube.status import StatusWriter
 from eop_operator.render.pod_policy import PodPolicy
@@ -37,6 +37,8 @@ class OperatorOptions:
     #: Drivers restarting at once because this operator renders their spec differently
     #: (``--operator-upgrade-parallelism``).
     operator_upgrade_parallelism: int = 1
+    #: Seconds one request to the API server may take (``--api-timeout``).
+    api_timeout: float = REQUEST_TIMEOUT_S
     #: The operator's own Role and RoleBinding in each served namespace (``--rbac-name``,
     #: namespaced mode): kept while pipelines remain there (``controller.rbac_guard``).
     rbac_name: str | None = None
@@ -60,7 +62,7 @@ class Context:
     @classmethod
     def open(cls, options: OperatorOptions, login: Callable[[], kopf.ConnectionInfo]) -> Context:
         """A context whose client logs in with ``login`` at its first request."""
-        return cls.of(options, KubeClient(login))
+        return cls.of(options, KubeClient(login, timeout=options.api_timeout))
 
     @classmethod
     def of(cls, options: OperatorOptions, client: KubeClient) -> Context:

@@ -31,6 +31,8 @@ FIELD_MANAGER = "eop-operator"
 #: Connections to the API server at most: a burst of pipelines queues its requests here
 #: rather than opening (and TLS-handshaking) a hundred connections.
 CONNECTIONS = 16
+#: Seconds one request to the API server may take, answer included (``--api-timeout``).
+REQUEST_TIMEOUT_S = 30.0
 
 #: (apiVersion, kind) -> (URL prefix, plural).  Only what the operator touches.
 _KINDS: dict[tuple[str, str], tuple[str, str]] = {
@@ -186,10 +188,14 @@ class KubeClient:
     """Apply, read, patch and delete namespaced objects with kopf's credentials."""
 
     def __init__(
-        self, login: Callable[[], kopf.ConnectionInfo], retry: RetryPolicy | None = None
+        self,
+        login: Callable[[], kopf.ConnectionInfo],
+        retry: RetryPolicy | None = None,
+        timeout: float = REQUEST_TIMEOUT_S,
     ) -> None:
         self._login = login
         self.retry = retry or RetryPolicy()
+        self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
         self._server = ""
 
@@ -204,7 +210,7 @@ class KubeClient:
         return aiohttp.ClientSession(
             headers=headers,
             connector=aiohttp.TCPConnector(ssl=context, limit=CONNECTIONS),
-            timeout=aiohttp.ClientTimeout(total=30),
+            timeout=aiohttp.ClientTimeout(total=self.timeout),
         )
 
     async def _request(
@@ -235,7 +241,7 @@ class KubeClient:
                 status, payload = 0, f"cannot connect: {exc}"
             except (aiohttp.ClientError, TimeoutError) as exc:
                 # A POST may have been acted on: not ours to repeat.  A request that timed
-                # out already waited the session's 30 s: the caller's next look comes sooner.
+                # out already waited the whole timeout: the caller's next look comes sooner.
                 if method == "POST" or isinstance(exc, TimeoutError):
                     raise KubeUnavailable(0, f"{method} {path}: no response: {exc!r}") from exc
                 status, payload = 0, f"no response: {exc!r}"

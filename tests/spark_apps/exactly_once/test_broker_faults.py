@@ -1,7 +1,8 @@
 """Invariant 11: brokers fail under running pipelines, and the output stays exactly once.
 
-Three pipelines run side by side on the replicated cluster (``kafka_cluster``: 3 nodes,
-RF 3, ``min.insync.replicas`` 2), one per way a batch commits: partitioned with the tasks
+Three pipelines run side by side on a replicated cluster (3 nodes, RF 3,
+``min.insync.replicas`` 2: ``kafka_cluster``, Kafka 4.x, and ``field_cluster``, the Kafka
+3.x release users still run), one per way a batch commits: partitioned with the tasks
 in the JVM (the default), partitioned with the tasks in Python workers
 (``EOP_NO_JVM_WRITER=1``) and coordinated. They read one source topic that a producer
 writes to all along (uniquely keyed records, a few a second per partition, small batches
@@ -43,6 +44,7 @@ from confluent_kafka import Producer
 from devenv.kafka_cluster import KafkaCluster
 from devenv.runners import Offsets, Pipeline, Runner
 from eop_spark.contract.termination import FAILURE_PREFIX
+from tests.plugins.kafka import FIELD_KAFKA_VERSION, KAFKA_VERSION, assert_runs_release
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 
@@ -360,12 +362,27 @@ def roles(cluster: KafkaCluster, fleet: Fleet) -> dict[str, int | None]:
 def test_rolling_restart_and_hard_kills_under_running_pipelines(
     kafka_cluster_chaos: KafkaCluster, spark_jars: list[Path], tmp_path: Path
 ) -> None:
+    """A roll costs no exit; kills of every role cost a bounded number, each with a reason
+    on Kafka 4.x."""
+    assert_runs_release(kafka_cluster_chaos, KAFKA_VERSION)
+    roll_and_kill(kafka_cluster_chaos, tmp_path)
+
+
+def test_rolling_restart_and_hard_kills_on_the_kafka_3_release_users_run(
+    field_cluster_chaos: KafkaCluster, spark_jars: list[Path], tmp_path: Path
+) -> None:
+    """The same faults on a cluster of the Kafka 3.x release users still run (transaction
+    protocol v1 only: a coordinator's failover and a fenced producer go as 3.x does them)."""
+    assert_runs_release(field_cluster_chaos, FIELD_KAFKA_VERSION)
+    roll_and_kill(field_cluster_chaos, tmp_path)
+
+
+def roll_and_kill(cluster: KafkaCluster, tmp_path: Path) -> None:
     """A roll costs no exit; kills of every role cost a bounded number, each with a reason.
 
     The kills go by role: the node that holds the first role no kill has hit yet is killed,
     which hits every role it holds at that moment; on 3 nodes a few kills hit them all.
     """
-    cluster = kafka_cluster_chaos
     with (
         fleet_on(cluster, tmp_path) as (fleet, writer),
         operator_checks(cluster, fleet, tmp_path / "checks.log") as checks,
