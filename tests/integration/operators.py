@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -100,10 +100,23 @@ def install_chart(
 class OperatorProcess:
     """One ``eop operator`` subprocess, its log, and its liveness and metrics endpoints."""
 
-    def __init__(self, kubeconfig: Path, log: Path, *args: str, pod_name: str = "op") -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log: Path,
+        *args: str,
+        pod_name: str = "op",
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """Start it with ``args`` after the usual options; ``env`` adds to this environment."""
         self.log = log
         self.args = args
-        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAME": pod_name}
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "POD_NAME": pod_name,
+            **(env or {}),
+        }
         self.start()
 
     def start(self) -> None:

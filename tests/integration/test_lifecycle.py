@@ -814,6 +814,64 @@ def test_a_crash_loop_is_degraded_with_the_runners_message_even_between_crashes(
     assert _condition(p, "Degraded")["status"] == "True"
 
 
+#: The operator's interpreter loads it first (``sitecustomize``): rendering fails for the
+#: pipelines whose name starts with ``render-fails``, as a bug or a broken build would make it.
+_RENDER_FAULT = """
+import eop_operator.render as render
+
+_render = render.render_pipeline
+
+
+def _failing(pipeline, **options):
+    if pipeline.metadata.name.startswith("render-fails"):
+        raise ValueError("cannot render (injected by the test)")
+    return _render(pipeline, **options)
+
+
+render.render_pipeline = _failing
+"""
+
+
+def test_a_render_error_is_a_condition_an_event_and_a_counted_failure(
+    control_plane: ControlPlane, crd: None, kube_namespace: str, tmp_path: Path
+) -> None:
+    """What a platform team sees of a step that fails the same way every time: the pipeline
+    Degraded with reason ReconcileFailed and the error (condition, REASON column, a Warning
+    event) and ``eop_reconcile_failures_total`` by the error's class (what
+    ``EopReconcileFailing`` fires on), while a pipeline beside it runs on."""
+    injected = tmp_path / "inject"
+    injected.mkdir()
+    (injected / "sitecustomize.py").write_text(_RENDER_FAULT)
+    path = os.pathsep.join(filter(None, [str(injected), os.environ.get("PYTHONPATH")]))
+    op = OperatorProcess(
+        control_plane.kubeconfig,
+        tmp_path / "operator.log",
+        *("--namespace", kube_namespace),
+        env={"PYTHONPATH": path},
+    )
+    failing = Pipeline(control_plane, kube_namespace, "render-fails")
+    fine = Pipeline(control_plane, kube_namespace, "renders")
+    try:
+        wait_for(op.alive, "the operator's liveness endpoint")
+        failing.apply()
+        fine.apply()
+        ready = _wait_reason(failing, "ReconcileFailed")
+        assert "ValueError: cannot render (injected by the test)" in ready["message"], ready
+        assert failing.status()["phase"] == "Degraded"
+        failing.wait_event("ReconcileFailed")
+        (message,) = [m for r, m in failing.event_messages() if r == "ReconcileFailed"]
+        assert "cannot render" in message
+        labels = f'error="ValueError",namespace="{kube_namespace}",pipeline="render-fails"'
+        assert (op.metric(f"eop_reconcile_failures_total{{{labels}}}") or 0) >= 2
+        assert failing.get("statefulset", "render-fails-driver") is None
+        assert fine.statefulset()["metadata"]["name"] == "renders-driver"
+        assert op.alive()
+    finally:
+        op.stop()
+        for p in (failing, fine):
+            p.watch.close()
+
+
 @pytest.mark.slow
 def test_a_statefulset_that_cannot_create_its_pod_says_why(
     control_plane: ControlPlane, kube_namespace: str, pipeline: Callable[..., Pipeline]
