@@ -189,6 +189,8 @@ class Fleet:
 
     def __init__(self, cluster: KafkaCluster, work: Path) -> None:
         self.cluster = cluster
+        #: What happened when (the fault schedule, the figures): printed, and kept here.
+        self.journal = work / "faults.log"
         self.source_topic = f"in-{uuid.uuid4().hex[:8]}"
         cluster.create_topic(self.source_topic, PARTITIONS)
         self.slots: dict[str, Slot] = {}
@@ -216,6 +218,12 @@ class Fleet:
             self.slots[path] = Slot(pipeline, config, env)
         self._stop = threading.Event()
         self._tender = threading.Thread(target=self._tend, name="tender", daemon=True)
+
+    def say(self, line: str) -> None:
+        """Print ``line`` and add it to :attr:`journal`."""
+        print(line)
+        with self.journal.open("a") as journal:
+            journal.write(line + "\n")
 
     def _tend(self) -> None:
         while not self._stop.wait(0.5):
@@ -274,9 +282,10 @@ class Fleet:
         assert set(source) == set(acknowledged), "the source is not what the writer wrote"
         repeated = {k: n for k, n in source.items() if n > 1}
         if repeated:
-            print(f"records the writer wrote more than once: {repeated}")
+            self.say(f"records the writer wrote more than once: {repeated}")
+        self.say(f"{sum(source.values())} input records, {len(source)} keys")
         for path, slot in self.slots.items():
-            print(f"{path}: {len(slot.pipeline.runners)} runners, exits {slot.exits}")
+            self.say(f"{path}: {len(slot.pipeline.runners)} runners, exits {slot.exits}")
             output = _keys(slot.pipeline.output())
             assert output == source, f"{path}: " + _difference(output, source)
             assert slot.pipeline.progress() == slot.pipeline.end_offsets(), path
@@ -313,7 +322,7 @@ class OperatorChecks:
     process: subprocess.Popen[bytes]
     log: Path
 
-    def survived(self, since: float) -> None:
+    def survived(self, since: float, say: Callable[[str], None] = print) -> None:
         """The process lives, no check raised what the operator does not catch, and a check
         after ``since`` (epoch seconds) read the progress again."""
         alive = self.process.poll() is None
@@ -324,7 +333,7 @@ class OperatorChecks:
         good = [float(line.split()[1]) for line in lines if line.startswith("ok ")]
         assert good and max(good) > since, f"no good check after the faults: {lines[-5:]}"
         unavailable = sum(line.startswith("unavailable ") for line in lines)
-        print(f"operator checks: {len(good)} good, {unavailable} unavailable, none failed")
+        say(f"operator checks: {len(good)} good, {unavailable} unavailable, none failed")
 
 
 @contextmanager
@@ -389,9 +398,9 @@ def roll_and_kill(cluster: KafkaCluster, tmp_path: Path) -> None:
     ):
         rolled = time.monotonic()
         cluster.roll()
-        print(f"roll: {time.monotonic() - rolled:.0f}s")
+        fleet.say(f"Kafka {cluster.nodes[0].version}: roll {time.monotonic() - rolled:.0f}s")
         assert fleet.exits() == {path: [] for path in PATHS}, "a rolling restart cost exits"
-        print(f"  caught up {fleet.catch_up():.1f}s after the roll")
+        fleet.say(f"  caught up {fleet.catch_up():.1f}s after the roll")
         assert fleet.exits() == {path: [] for path in PATHS}, "a rolling restart cost exits"
 
         unhit = list(roles(cluster, fleet))
@@ -407,17 +416,17 @@ def roll_and_kill(cluster: KafkaCluster, tmp_path: Path) -> None:
             killed = time.monotonic()
             cluster.start(node)
             back = time.time()
-            print(f"kill {node} ({', '.join(held)}): back in {time.monotonic() - killed:.0f}s")
+            fleet.say(f"kill {node} ({', '.join(held)}): back in {time.monotonic() - killed:.0f}s")
             took = fleet.wait(
                 "a batch after the node came back",
                 Slot.committed_after_that(back),
                 KILL_RECOVERY_S,
             )
-            print(f"  a batch of every pipeline {took:.1f}s later")
+            fleet.say(f"  a batch of every pipeline {took:.1f}s later")
             caught_up = fleet.catch_up(KILL_RECOVERY_S)
-            print(f"  caught up {caught_up:.1f}s later; exits so far {fleet.exits()}")
+            fleet.say(f"  caught up {caught_up:.1f}s later; exits so far {fleet.exits()}")
         fleet.finish(writer.stop())
-        checks.survived(back)
+        checks.survived(back, fleet.say)
         for path, exits in fleet.exits().items():
             assert len(exits) <= EXITS_PER_KILL * kills, (path, exits)
             for code, line in exits:
