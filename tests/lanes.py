@@ -13,17 +13,21 @@ the lane's name in front; each lane's own summary (failures, its suite clock) is
 again at the end, and every test's phases and CPU are in ``.eop/suite/<lane>.json``. The
 exit status is 0 only when every lane passed. The ceiling of ``tests/plugins/suite_clock.py``
 holds for each lane, as each runs from start to end of the whole run. SIGINT or SIGTERM
-stops every lane (each tears its components down).
+stops every lane: each gets SIGINT (pytest tears its components down), and a lane still
+running :data:`ESCALATION` seconds later gets SIGTERM, then SIGKILL, so that a stop always
+ends the run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType
 
@@ -32,6 +36,11 @@ from tests.plugins.lifetimes import LANES
 REPO = Path(__file__).resolve().parent.parent
 #: pytest's exit status when it selected no test.
 NO_TESTS = 5
+#: After a stop was asked: (seconds, signal) for the process groups of lanes still running.
+ESCALATION = ((10.0, signal.SIGTERM), (20.0, signal.SIGKILL))
+#: Seconds to wait for a lane's output to end once the lane has exited (a process it left
+#: behind may hold the pipe).
+PUMP_GRACE_S = 30.0
 
 
 def _command(lane: str, out: Path, args: list[str]) -> list[str]:
@@ -67,6 +76,29 @@ def _summary(log: Path) -> str:
     return "\n".join(lines[-15:])
 
 
+def _signal(procs: Iterable[subprocess.Popen[bytes]], signum: int) -> None:
+    """Send ``signum`` to the process group of each lane still running."""
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signum)
+
+
+def _wait(procs: dict[str, subprocess.Popen[bytes]], stop_asked: list[float]) -> dict[str, int]:
+    """Each lane's exit status, once all have exited; after a stop was asked, the lanes still
+    running get the signals of :data:`ESCALATION` when their time comes."""
+    sent: set[int] = set()
+    while any(proc.poll() is None for proc in procs.values()):
+        if stop_asked:
+            waited = time.monotonic() - stop_asked[0]
+            for after, signum in ESCALATION:
+                if waited >= after and signum not in sent:
+                    sent.add(signum)
+                    _signal(procs.values(), signum)
+        time.sleep(0.2)
+    return {lane: int(proc.returncode) for lane, proc in procs.items()}
+
+
 def main(argv: list[str], root: Path = REPO) -> int:
     """Start every lane in ``root`` with ``argv`` as extra pytest arguments; wait; the combined
     status. Logs and temporary directories go to ``root/.eop/suite``."""
@@ -75,11 +107,11 @@ def main(argv: list[str], root: Path = REPO) -> int:
     began = time.monotonic()
     procs: dict[str, subprocess.Popen[bytes]] = {}
     pumps = []
+    stop_asked: list[float] = []
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGINT)  # pytest tears down on SIGINT
+        stop_asked.append(time.monotonic())
+        _signal(procs.values(), signal.SIGINT)  # pytest tears down on SIGINT
 
     # Before the lanes start: a lane inherits an ignored SIGINT (as a background job of a
     # shell has it) but not a handler, so with ours in place each lane's pytest has Python's.
@@ -95,13 +127,13 @@ def main(argv: list[str], root: Path = REPO) -> int:
             start_new_session=True,  # a signal to us is forwarded, once, to each lane
         )
         procs[lane] = proc
-        pump = threading.Thread(target=_pump, args=(lane, proc, out / f"{lane}.log"))
+        pump = threading.Thread(target=_pump, args=(lane, proc, out / f"{lane}.log"), daemon=True)
         pump.start()
         pumps.append(pump)
 
-    codes = {lane: proc.wait() for lane, proc in procs.items()}
+    codes = _wait(procs, stop_asked)
     for pump in pumps:
-        pump.join()
+        pump.join(PUMP_GRACE_S)
     for lane in LANES:
         print(f"\n==== lane {lane}: exit {codes[lane]} ({out / f'{lane}.log'})")
         print(_summary(out / f"{lane}.log"))

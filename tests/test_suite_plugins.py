@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from tests import lanes
+
 pytest_plugins = ["pytester"]
 
 _COMPONENT = """
@@ -247,7 +249,6 @@ _LANES_CONFTEST = 'pytest_plugins = ["tests.plugins.lifetimes", "tests.plugins.s
 def test_lanes_run_side_by_side_each_its_modules_and_a_failure_in_one_fails_the_run(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, pytestconfig: pytest.Config
 ) -> None:
-    from tests import lanes
 
     pytester.makeconftest(_LANES_CONFTEST)
     pytester.makeini("[pytest]\nmarkers =\n    slow: long")
@@ -292,13 +293,9 @@ def test_after():
 """
 
 
-def test_interrupting_the_lanes_stops_both_even_as_a_background_job(
-    pytester: pytest.Pytester, pytestconfig: pytest.Config
-) -> None:
-    """A background job of a non-interactive shell (CI's) starts with SIGINT ignored; the
-    lanes' pytest processes must still stop at the SIGINT (or SIGTERM) the lanes pass on."""
-    pytester.makeconftest(_LANES_CONFTEST)
-    pytester.makepyfile(test_long=_LONG)
+def _stop_lanes(pytester: pytest.Pytester, pytestconfig: pytest.Config) -> float:
+    """Run the lanes as a background job of a non-interactive shell would (SIGINT ignored),
+    SIGTERM them once the test ``started``; the seconds until they all ended (failed)."""
     env = {**os.environ, "PYTHONPATH": str(pytestconfig.rootpath)}
     root = str(pytester.path)
     main = f"from tests import lanes; raise SystemExit(lanes.main(['-q'], root=Path({root!r})))"
@@ -313,8 +310,42 @@ def test_interrupting_the_lanes_stops_both_even_as_a_background_job(
         while not (pytester.path / "started").exists():
             assert time.monotonic() < deadline, "the test never started"
             time.sleep(0.1)
+        stopped = time.monotonic()
         run.send_signal(signal.SIGTERM)
-        assert run.wait(20) != 0  # within seconds, failed
+        assert run.wait(60) != 0  # failed
+        return time.monotonic() - stopped
     finally:
         run.kill()
+
+
+def test_interrupting_the_lanes_stops_both_even_as_a_background_job(
+    pytester: pytest.Pytester, pytestconfig: pytest.Config
+) -> None:
+    """A background job of a non-interactive shell (CI's) starts with SIGINT ignored; the
+    lanes' pytest processes must still stop at the SIGINT (or SIGTERM) the lanes pass on."""
+    pytester.makeconftest(_LANES_CONFTEST)
+    pytester.makepyfile(test_long=_LONG)
+    assert _stop_lanes(pytester, pytestconfig) < lanes.ESCALATION[0][0]  # by the SIGINT
     assert "test_after" not in (pytester.path / ".eop" / "suite" / "data.log").read_text()
+
+
+_DEAF = """
+import signal, time
+
+def test_deaf():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    open("started", "w").close()
+    time.sleep(120)
+"""
+
+
+def test_a_lane_that_does_not_stop_at_sigint_is_terminated_after_a_grace(
+    pytester: pytest.Pytester, pytestconfig: pytest.Config
+) -> None:
+    """A stop always ends the run: a lane that ignores the SIGINT gets SIGTERM after
+    ``ESCALATION``'s first grace (and SIGKILL after the second)."""
+    pytester.makeconftest(_LANES_CONFTEST)
+    pytester.makepyfile(test_deaf=_DEAF)
+    took = _stop_lanes(pytester, pytestconfig)
+    first, second = (after for after, _ in lanes.ESCALATION)
+    assert first <= took < second + 10

@@ -60,6 +60,7 @@ from devenv.kafka import CONSUMER_GROUPS_TOOL, KafkaBroker, KafkaClients
 from devenv.kafka_cluster import KafkaCluster
 from devenv.podnet import GATEWAY
 from devenv.versions import versions
+from tests.plugins.lifetimes import BROKERS
 
 
 class TopicFactory(Protocol):
@@ -90,18 +91,6 @@ CLUSTER_RETENTION_MINUTES = {1: 2880, 2: 1440, 3: 2880}
 KAFKA_VERSION = versions()["KAFKA_VERSION"]
 #: The Kafka release of ``field_broker`` and ``field_cluster``.
 FIELD_KAFKA_VERSION = versions()["KAFKA_FIELD_VERSION"]
-#: The fixtures that start a Kafka broker or cluster (their users are marked ``kafka``).
-BROKERS = frozenset(
-    {
-        "kafka_broker",
-        "kafka_cluster",
-        "field_broker",
-        "field_cluster",
-        "short_retention_broker",
-        "short_retention_cluster",
-        "other_cluster_broker",
-    }
-)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -25,8 +25,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.plugins.kafka import BROKERS
-
 #: Session fixtures that start a real component, released after their last user. (The
 #: one-node local cluster stops before the multi-node stage, whose cluster stops when the
 #: session ends.)
@@ -40,6 +38,19 @@ COMPONENTS = (
     "kafka_cluster",
     "field_cluster",
     "s3_server",
+)
+
+#: The fixtures that start a Kafka broker or cluster (their users are marked ``kafka``).
+BROKERS = frozenset(
+    {
+        "kafka_broker",
+        "kafka_cluster",
+        "field_broker",
+        "field_cluster",
+        "short_retention_broker",
+        "short_retention_cluster",
+        "other_cluster_broker",
+    }
 )
 
 #: Per session (a pytest run inside a test, as ``pytester``'s, has its own): fixture name ->
