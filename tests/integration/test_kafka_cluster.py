@@ -147,6 +147,9 @@ def test_every_partition_is_replicated_three_times(kafka_cluster: KafkaCluster, 
     topics = AdminClient(kafka_cluster.client_config()).list_topics(timeout=TIMEOUT).topics
     assert {len(p.replicas) for p in topics[topic].partitions.values()} == {3}
     assert {len(p.replicas) for p in topics["__transaction_state"].partitions.values()} == {3}
+    # A follower of a new partition joins its ISR once it has fetched: on a busy machine that
+    # takes a moment after the topic's creation, so wait for it (raises when it never comes).
+    kafka_cluster.wait_fully_replicated(TIMEOUT)
     assert kafka_cluster.under_replicated() == []
 
 
