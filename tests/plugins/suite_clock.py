@@ -2,10 +2,10 @@
 
 At the end of every run it prints, per tier (the folder under ``tests/`` a test lives in,
 with the ``slow`` chaos runs apart), the tests run and the seconds they took, against the
-tier's budget (:data:`BUDGET_MINUTES`, also in docs/development.md); and the fixtures that
-cost the most to set up: the real components (a broker, a control plane, a cluster), whose
-start counts against the first test that asks for them.  ``--suite-clock FILE`` also writes
-every test's setup, call and teardown seconds and every fixture's setup seconds as JSON.
+tier's budget in its lane (:data:`BUDGET_MINUTES`, also in docs/development.md); and the
+fixtures that cost the most to set up: the real components (a broker, a control plane, a
+cluster), whose start counts against the first test that asks for them. ``--suite-clock FILE``
+also writes every test's setup, call and teardown seconds and every fixture's setup seconds as JSON.
 
 A run slower than ``EOP_SUITE_CEILING_MINUTES`` minutes (default :data:`CEILING_MINUTES`
 when ``CI`` is set, none otherwise) fails, after every test has run: a new slow tier is
@@ -31,20 +31,35 @@ from tests.plugins.suite_cpu import sampler
 #: (set-up included) would cut a run half way.
 CEILING_MINUTES = 60.0
 
-#: Each tier's budget in minutes of a warm run on 2 cores (docs/development.md): minutes of
-#: the lane it runs in (a tier in two lanes has it in each), so that the budgets of each
-#: lane's tiers add up to no more than the suite's 35 minutes less ``make deps``.
+#: Each lane's tiers' budgets in minutes of a warm run on 2 cores (docs/development.md): for
+#: each lane (:data:`tests.plugins.lifetimes.LANES`) the minutes its tests of that tier may
+#: take, adding up to no more than the suite's 35 minutes. A run of more than one lane (plain
+#: ``pytest``) prints each tier's budgets summed over the lanes.
 BUDGET_MINUTES = {
-    "unit": 1.0,
-    "spark_apps": 9.0,
-    "spark_apps (slow)": 24.0,
-    "integration": 10.5,
-    "charts": 1.0,
-    "ecosystem": 1.5,
-    "e2e": 12.5,
-    "e2e (nodes)": 7.5,
-    "readme": 0.5,
+    "cluster": {"unit": 0.5, "integration": 8.5, "charts": 1.5, "e2e": 13.5, "e2e (nodes)": 7.5},
+    "faults": {"spark_apps (slow)": 24.5, "integration": 6.5, "ecosystem": 2.0, "spark_apps": 0.5},
+    "data": {
+        "unit": 1.0,
+        "spark_apps": 9.5,
+        "spark_apps (slow)": 20.5,
+        "integration": 1.0,
+        "ecosystem": 0.5,
+        "demo": 0.5,
+        "readme": 1.0,
+    },
 }
+
+
+def budgets(lane: str | None) -> dict[str, float]:
+    """The budget of each tier in minutes: ``lane``'s own, or summed over every lane."""
+    if lane is not None:
+        return BUDGET_MINUTES[lane]
+    summed: dict[str, float] = defaultdict(float)
+    for tiers in BUDGET_MINUTES.values():
+        for tier, minutes in tiers.items():
+            summed[tier] += minutes
+    return summed
+
 
 _STASH_KEY = pytest.StashKey[dict[str, Any]]()
 
@@ -147,8 +162,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     write = terminalreporter.write_line
     terminalreporter.section("suite clock")
     write(f"{'tier':<20} {'tests':>6} {'minutes':>8} {'budget':>7}")
+    budget_of = budgets(config.getoption("--lane", None))
     for tier, count, seconds in _tiers(tests):
-        budget = BUDGET_MINUTES.get(tier)
+        budget = budget_of.get(tier)
         shown = f"{budget:7.1f}" if budget is not None else "      -"
         write(f"{tier:<20} {count:>6} {seconds / 60:8.1f} {shown}")
     fixtures = sorted(clock["fixtures"].items(), key=lambda kv: kv[1], reverse=True)
