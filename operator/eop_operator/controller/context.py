@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import kopf
 
 from eop_operator.controller.restart_slots import RestartSlots
+from eop_operator.controller.stall_reports import StallReports
 from eop_operator.kube.apply import WarningEvents
 from eop_operator.kube.client import REQUEST_TIMEOUT_S, KubeClient
 from eop_operator.kube.observed import OwnWrites
@@ -58,6 +59,8 @@ class Context:
     warnings: WarningEvents
     #: The operator-upgrade restarts under way (``options.operator_upgrade_parallelism``).
     slots: RestartSlots
+    #: The stalls the health monitor found, for the lifecycle to act on.
+    stalls: StallReports
 
     @classmethod
     def open(cls, options: OperatorOptions, login: Callable[[], kopf.ConnectionInfo]) -> Context:
@@ -75,4 +78,5 @@ class Context:
             status=StatusWriter(client, own_writes),
             warnings=WarningEvents(),
             slots=RestartSlots(options.operator_upgrade_parallelism),
+            stalls=StallReports(),
         )

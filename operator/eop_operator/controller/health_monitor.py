@@ -4,16 +4,17 @@ Every ``spec.health.checkInterval`` the daemon reads the progress group
 against the source's end offsets (``health.progress``), folds the reading into
 its history and asks ``health.stall`` for the verdict.  It writes
 ``status.lag`` and ``status.progress`` (``health.report``; its only status
-fields, see ``kube.status``), and restarts a stalled driver by deleting its pod
-(the StatefulSet recreates it) with a ``RestartStalled`` Warning event.
+fields, see ``kube.status``), and reports a stalled driver to the lifecycle
+(``controller.stall_reports``), whose next step restarts it: the daemon
+observes, the lifecycle alone acts on the driver.
 
 While no driver container runs (suspended, crash loop, scaled to zero, a
 refused spec), the daemon also keeps its progress group from expiring
 (``health.keep_alive``); for a refused spec, the group of the spec that last ran.
 
-A pipeline is never restarted while it is suspended, while its driver is not
-Ready (a starting driver commits nothing yet) or while an upgrade is in
-flight (``status.upgrade``: the lifecycle owns the driver then).
+A stall is never reported while the pipeline is suspended or while its driver
+is not Ready (a starting driver commits nothing yet); the lifecycle restarts
+nothing while an upgrade is in flight (``reconcile.step_plan.restart_for``).
 """
 
 from __future__ import annotations
@@ -42,14 +43,12 @@ from eop_operator.health.report import (
 )
 from eop_operator.health.stall import Health, ProgressHistory, assess, remember
 from eop_operator.kube.client import KubeError
-from eop_operator.kube.events import post_event
 from eop_operator.kube.observed import WatchIndex
+from eop_operator.reconcile.step_plan import Stall
 from eop_operator.render.naming import driver_pod_name
 
 #: How long to wait before looking again at a pipeline whose spec is invalid.
 INVALID_RETRY_S = 60.0
-#: The restart reason recorded in events and metrics.
-STALLED = "Stalled"
 #: Kafka checks (each a few blocking client calls in a worker thread, up to
 #: ``health.progress.DEFAULT_TIMEOUT_S`` each against a broker that does not answer) in
 #: flight at once: the others wait their turn, and threads stay free for the rest.
@@ -63,8 +62,6 @@ class HealthMemory:
     """What one pipeline's daemon remembers between checks."""
 
     history: ProgressHistory | None = None
-    #: When the daemon last restarted the driver (epoch seconds).
-    restarted_at: float | None = None
     #: The progress group's refreshes while no driver runs (see health.keep_alive).
     refresh: RefreshSchedule = field(default_factory=RefreshSchedule)
 
@@ -168,7 +165,8 @@ class HealthMonitor:
                 failed = metrics.API
         else:
             # A resumed pipeline gets a fresh window.
-            memory.history, memory.restarted_at = None, None
+            memory.history = None
+            self.context.stalls.forget((namespace, name))
         if not deleting:
             try:
                 pod = _driver_pod(pods, pipeline)  # as the watch sees it now, after the check
@@ -206,7 +204,7 @@ class HealthMonitor:
         memory: HealthMemory,
         pod: dict[str, Any] | None,
     ) -> Health | str:
-        """Read ``G``'s offsets, report them, restart a stalled driver; if unreadable, why.
+        """Read ``G``'s offsets, report them and a stalled driver; if unreadable, why.
 
         ``pod`` is the driver pod as the watch last saw it (None: there is none).  The
         reason offsets are unreadable is for ``status.progress.message``.
@@ -219,9 +217,10 @@ class HealthMonitor:
             return str(exc)
         memory.history = remember(memory.history, reading)
         pod_name = driver_pod_name(pipeline)
-        since = ready_since(pod)
-        if since is not None and memory.restarted_at is not None:
-            since = max(since, memory.restarted_at)
+        key = (meta.namespace, meta.name)
+        since, restarted_at = ready_since(pod), self.context.stalls.restarted_at(key)
+        if since is not None and restarted_at is not None:
+            since = max(since, restarted_at)
         health = assess(
             memory.history,
             reading,
@@ -240,18 +239,9 @@ class HealthMonitor:
             health.lag,
             {(p.topic, p.partition): p.lag for p in reading.partitions},
         )
-        if health.stalled and not (body.get("status") or {}).get("upgrade"):
-            await post_event(
-                client,
-                body,
-                type="Warning",
-                reason="RestartStalled",
-                message=f"the progress group has not advanced for {health.idle_seconds:.0f}s "
-                f"with {health.lag} records waiting; restarting driver pod {pod_name}",
-            )
-            await client.delete("v1", "Pod", meta.namespace, pod_name)
-            metrics.record_restart(meta.namespace, meta.name, STALLED)
-            memory.restarted_at = time.time()
+        if health.stalled:
+            stall = Stall(idle_seconds=health.idle_seconds, lag=health.lag, pod=pod_name)
+            self.context.stalls.report(key, stall)
         return health
 
     async def keep_alive_without_driver(

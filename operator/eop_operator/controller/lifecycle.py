@@ -64,12 +64,14 @@ class Lifecycle:
         self.memories.pop(key, None)
         self.context.own_writes.drop(key)
         self.context.slots.forget(key)
+        self.context.stalls.forget(key)
 
     def due(self, key: PipelineKey) -> bool:
-        """Whether the timer should look at the pipeline now (its last step said when, or a
-        restart slot freed for it)."""
+        """Whether the timer should look at the pipeline now (its last step said when, a
+        restart slot freed for it, or the health monitor found its driver stalled)."""
         memory = self.memories.get(key)
-        if memory is not None and self.context.slots.wake(key):
+        woken = self.context.slots.wake(key) or self.context.stalls.pending(key)
+        if memory is not None and woken:
             memory.look_at = 0.0
         return memory is None or asyncio.get_running_loop().time() >= memory.look_at
 
@@ -146,7 +148,8 @@ class Lifecycle:
                     return None
                 memory = self._memory(key, clock)
                 seen = observed.versions(namespace, name, clock)
-                if seen == memory.seen and clock < memory.look_at:
+                stalled = self.context.stalls.pending(key)
+                if seen == memory.seen and clock < memory.look_at and not stalled:
                     # Nothing changed since the last step and nothing is due: it would decide
                     # the same (the echo of the operator's own write, a timer tick).
                     return memory.look_at - clock

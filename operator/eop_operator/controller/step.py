@@ -1,12 +1,13 @@
-"""One lifecycle step: read what the watches delivered, decide (pure), record, act.
+"""One lifecycle step: read what the watches delivered, decide and plan (pure), act.
 
 :func:`take_step` reads the pipeline once (:class:`Subject`: parsed, its
 identity resolved, the spec to run chosen), observes its driver and children
-from the watches' view, asks ``reconcile.upgrade.decide``, writes the status
-(the decision's record *before* acting on it: the write-ahead log of an
-upgrade in flight), posts the events, and applies or stops.  It returns when
-to look again (see ``reconcile.cadence``); ``controller.lifecycle`` runs the
-steps.
+from the watches' view, asks ``reconcile.upgrade.decide`` what the pipeline needs
+and ``reconcile.step_plan.plan_step`` what the step does, then carries the plan
+out: writes the status (the decision's record *before* acting on it: the
+write-ahead log of an upgrade in flight), posts the events, and applies or
+stops.  It returns when to look again (see ``reconcile.cadence``);
+``controller.lifecycle`` runs the steps.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,31 +24,24 @@ from eop_operator import __version__ as OPERATOR_VERSION
 from eop_operator import metrics
 from eop_operator.api.models import (
     ExactlyOncePipeline,
-    UpgradeStep,
 )
 from eop_operator.api.resolve import Identity
-from eop_operator.api.status_patch import merge_patch
 from eop_operator.controller.context import Context
 from eop_operator.controller.lifecycle_status import write_status
 from eop_operator.controller.subject import Subject
 from eop_operator.kube.apply import apply_children, ensure_rpc_secret
+from eop_operator.kube.client import KubeError
 from eop_operator.kube.events import post_event
 from eop_operator.kube.observed import CHILD_KINDS, Observed, Versions
 from eop_operator.reconcile.cadence import (
     CONTROLLER_SECONDS,
-    HEAL_SECONDS,
-    LOOK_SECONDS,
-    SETTLED_SECONDS,
     VERIFY_SECONDS,
-    next_look,
 )
 from eop_operator.reconcile.causes import diagnose, pod_cause
 from eop_operator.reconcile.children import (
     ChildRef,
     Version,
     child_ref,
-    plan_sync,
-    stamp_rendered_hash,
     version_of,
 )
 from eop_operator.reconcile.decision import (
@@ -58,6 +53,8 @@ from eop_operator.reconcile.decision import (
 )
 from eop_operator.reconcile.failover import parse_stamp
 from eop_operator.reconcile.observe import ClaimState, DriverState
+from eop_operator.reconcile.status import STALLED
+from eop_operator.reconcile.step_plan import Applied, StepInput, plan_step
 from eop_operator.reconcile.upgrade import decide, holds_restart_slot, spec_fingerprint
 from eop_operator.render import RenderedPipeline
 from eop_operator.render.naming import (
@@ -99,11 +96,6 @@ def _template_annotation(statefulset: dict[str, Any] | None, key: str) -> str | 
     template = (statefulset or {}).get("spec", {}).get("template", {})
     value = (template.get("metadata", {}).get("annotations") or {}).get(key)
     return None if value is None else str(value)
-
-
-def _seen_by_controller(statefulset: dict[str, Any]) -> bool:
-    observed = (statefulset.get("status") or {}).get("observedGeneration")
-    return observed is not None and observed >= statefulset["metadata"].get("generation", 0)
 
 
 def _selects(pod: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -199,51 +191,34 @@ async def take_step(
     slots.update(
         key, holds=holds_restart_slot(wal, pipeline.spec.upgrade, now), waits=decision.hold
     )
-    # Never while an old driver stops: that StatefulSet must keep zero replicas.
-    heal = (
-        decision.action is Action.WAIT
-        and not decision.hold
-        and status.spec_hash is not None
-        and claim is not ClaimState.DELETING
-        and (wal is None or wal.step is UpgradeStep.STARTING)
+    plan = plan_step(
+        StepInput(
+            decision=decision,
+            status=status,
+            stored_status=subject.body.get("status") or {},
+            claim=claim,
+            children=children,
+            statefulset=statefulset,
+            render_at=render_at,
+            applied=Applied(
+                versions=memory.applied,
+                at=memory.applied_at,
+                verify_at=memory.verify_at,
+                refused=memory.refused,
+            ),
+            steady=steady,
+            recovers_in=driver.recovers_in(now),
+            clock=clock,
+            stall=context.stalls.take(key),
+        )
     )
-    todo: list[dict[str, Any]] = []
-    key_owner: ExactlyOncePipeline | None = None  # a pipeline whose RPC key must exist
-    later = math.inf  # when children out of sync may be applied again
-    if decision.action is Action.APPLY or heal:
-        result = render_at(decision.generation, decision.reset_progress)
-        objects = result.objects
-        key_owner = run if result.needs_rpc_secret else None
-        for obj in objects:
-            if obj["kind"] == "StatefulSet":
-                obj["spec"]["replicas"] = decision.replicas
-            stamp_rendered_hash(obj)
-        verify = memory.verify_at is not None and clock >= memory.verify_at
-        plan = plan_sync(objects, children, memory.applied)
-        memory.applied.update(plan.verified)
-        todo = objects if verify else plan.apply
-        if todo and decision.action is not Action.APPLY and not verify:
-            later = memory.applied_at + HEAL_SECONDS - clock
-            if later > 0:
-                todo = []  # healed a moment ago: again once HEAL_SECONDS have passed
-    news = bool(merge_patch(record, subject.body.get("status") or {}))
-    # What only the apply changes (no WAL entry) is written after it: the status then
-    # says what the step brought about, in one write rather than two. Not while something
-    # is refused: the status must say so (the next step, once the apply's answer is known).
-    if todo and not news and not decision.events and not memory.refused:
+    memory.applied.update(plan.verified)
+    todo = list(plan.apply)
+    key_owner = run if plan.needs_rpc_key else None  # a pipeline whose RPC key must exist
+    if plan.apply_only:
         return await _apply(context, subject.body, todo, children, memory, clock, key_owner)
-    unseen = CONTROLLER_SECONDS - (clock - memory.applied_at)
-    if (
-        unseen > 0
-        and statefulset is not None
-        and not _seen_by_controller(statefulset)
-        and decision.action is Action.WAIT
-        and not (news or decision.events or todo)
-    ):
-        # The StatefulSet just applied has no word from its controller yet, which answers
-        # in moments (an event, and the next step): a status written now would call a
-        # driver being created "being replaced", then take it back.
-        return unseen
+    if plan.await_controller is not None:
+        return plan.await_controller
     cause = None
     if not steady and not pipeline.spec.suspend:
         cause = pod_cause(driver, now)
@@ -258,15 +233,21 @@ async def take_step(
             )
     await write_status(context, subject, decision, statefulset, cause=cause, refused=memory.refused)
     _count(pipeline, decision.events, now)
+    restart = plan.restart_stalled
+    events = (*decision.events, restart.event) if restart else decision.events
     if todo:
         # The events say what the step does; they need not hold its apply back.
         again, _ = await asyncio.gather(
             _apply(context, subject.body, todo, children, memory, clock, key_owner),
-            _post_events(context, subject.body, decision.events),
+            _post_events(context, subject.body, events),
         )
+    else:
+        await _post_events(context, subject.body, events)
+    if restart is not None:
+        await _restart_stalled(context, pipeline, restart.pod)
+    if todo:
         return None if decision.action is Action.APPLY else again
-    await _post_events(context, subject.body, decision.events)
-    if decision.action is Action.STOP and statefulset is not None:
+    if plan.stop_driver:
         # A merge patch: the pod template stays the old one while the old driver stops.
         stopped = await context.client.patch(
             "apps/v1", "StatefulSet", namespace, driver_name(pipeline), {"spec": {"replicas": 0}}
@@ -274,12 +255,20 @@ async def take_step(
         context.own_writes.record(stopped, clock)
         memory.applied[child_ref(stopped)] = version_of(stopped)
         return None
-    # Nothing to do now: look again when the decision, a driver's recovery, a child out
-    # of sync or the periodic apply of every child is due, and at least every `looks`.
-    looks = SETTLED_SECONDS if steady else LOOK_SECONDS
-    verify_in = math.inf if memory.verify_at is None else memory.verify_at - clock
-    asked = math.inf if decision.requeue_after is None else decision.requeue_after
-    return next_look(asked, looks, later, verify_in, driver.recovers_in(now))
+    return plan.look_again
+
+
+async def _restart_stalled(context: Context, pipeline: ExactlyOncePipeline, pod: str) -> None:
+    """Delete the stalled driver's pod (the StatefulSet recreates it); count it, and tell the
+    health monitor when (it counts the new driver's readiness from then)."""
+    namespace, name = pipeline.metadata.namespace, pipeline.metadata.name
+    try:
+        await context.client.delete("v1", "Pod", namespace, pod)
+    except KubeError as exc:
+        if exc.status != 404:  # gone already: restarted all the same
+            raise
+    metrics.record_restart(namespace, name, STALLED)
+    context.stalls.restarted((namespace, name), time.time())
 
 
 async def warn_lenient(context: Context, subject: Subject, memory: Memory) -> None:
