@@ -8,8 +8,9 @@ from typing import Any, cast
 import pytest
 
 from eop_operator.controller.context import Context, OperatorOptions
-from eop_operator.controller.finalizer import honour_retention, release_patch
+from eop_operator.controller.finalizer import honour_retention
 from eop_operator.kube.client import KubeClient, KubeError
+from eop_operator.reconcile.deletion import release_patch
 
 
 class _Cluster:

@@ -6,7 +6,6 @@ import copy
 from typing import Any
 
 from eop_operator.api.load import load_pipeline
-from eop_operator.controller.finalizer import checkpoint_on_delete
 from eop_operator.reconcile.admission import (
     Claimant,
     claimed_identities,
@@ -14,6 +13,7 @@ from eop_operator.reconcile.admission import (
     identity_conflict,
     shipped_transform_problem,
 )
+from eop_operator.reconcile.deletion import checkpoint_on_delete
 from eop_operator.render.naming import checkpoint_claim_name
 from tests.operator.conftest import BASE_MANIFEST
 
