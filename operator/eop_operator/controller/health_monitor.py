@@ -30,7 +30,7 @@ from typing import Any
 from eop_operator import metrics
 from eop_operator.api.load import InvalidPipeline, load_last_stable, load_stored
 from eop_operator.api.models import ExactlyOncePipeline
-from eop_operator.api.resolve import IdentityChanged, resolve_identity
+from eop_operator.api.resolve import Identity, IdentityChanged, resolve_identity
 from eop_operator.controller.context import Context
 from eop_operator.health.keep_alive import RefreshSchedule, driver_runs, keep_progress_alive
 from eop_operator.health.progress import ProgressUnavailable, kafka_access, read_progress
@@ -84,8 +84,18 @@ def _driver_pod(pods: WatchIndex, pipeline: ExactlyOncePipeline) -> dict[str, An
     )
 
 
-def kept_pipeline(body: Mapping[str, Any]) -> tuple[ExactlyOncePipeline, bool] | None:
-    """The pipeline whose progress the daemon keeps, and whether its spec is refused.
+@dataclass(frozen=True)
+class Kept:
+    """The pipeline whose progress the daemon keeps, as whom it runs, and whether its spec
+    is refused (see :func:`kept_pipeline`)."""
+
+    pipeline: ExactlyOncePipeline
+    identity: Identity
+    refused: bool
+
+
+def kept_pipeline(body: Mapping[str, Any]) -> Kept | None:
+    """The pipeline whose progress the daemon keeps, read and resolved once per check.
 
     A refused spec (phase ``Invalid``: it does not load, or asks for another identity)
     starts no driver, but the progress of the spec that last ran must outlive the user's
@@ -94,16 +104,14 @@ def kept_pipeline(body: Mapping[str, Any]) -> tuple[ExactlyOncePipeline, bool] |
     """
     try:
         pipeline = load_stored(body).value
-        resolve_identity(pipeline)
-        return pipeline, False
+        return Kept(pipeline, resolve_identity(pipeline), refused=False)
     except (InvalidPipeline, IdentityChanged):
         pass
     try:
         stable = load_last_stable(body)
-        resolve_identity(stable)
+        return Kept(stable, resolve_identity(stable), refused=True)
     except (InvalidPipeline, IdentityChanged):
         return None
-    return stable, True
 
 
 class HealthMonitor:
@@ -144,18 +152,18 @@ class HealthMonitor:
 
     async def check(self, body: Mapping[str, Any], memory: HealthMemory, pods: WatchIndex) -> float:
         """Check the lag and keep ``G`` alive as needed; return the seconds until the next."""
-        found = kept_pipeline(body)
-        if found is None:
+        kept = kept_pipeline(body)
+        if kept is None:
             return INVALID_RETRY_S
-        pipeline, refused = found
+        pipeline = kept.pipeline
         interval = pipeline.spec.health.check_interval.seconds
         deleting = bool(body["metadata"].get("deletionTimestamp"))
         namespace, name = pipeline.metadata.namespace, pipeline.metadata.name
         failed: str | None = None  # the kind of the first failure of this check
         problem = None  # what status.progress.message says after this check
-        if not pipeline.spec.suspend and not deleting and not refused:
+        if not pipeline.spec.suspend and not deleting and not kept.refused:
             try:
-                outcome = await self.check_lag(body, pipeline, memory, _driver_pod(pods, pipeline))
+                outcome = await self.check_lag(body, kept, memory, _driver_pod(pods, pipeline))
                 if isinstance(outcome, str):
                     problem, failed = outcome, metrics.KAFKA
                 else:
@@ -170,7 +178,7 @@ class HealthMonitor:
         if not deleting:
             try:
                 pod = _driver_pod(pods, pipeline)  # as the watch sees it now, after the check
-                refresh = await self.keep_alive_without_driver(pipeline, memory, pod)
+                refresh = await self.keep_alive_without_driver(kept, memory, pod)
                 if refresh:
                     failed = failed or metrics.KAFKA
                     problem = (
@@ -200,7 +208,7 @@ class HealthMonitor:
     async def check_lag(
         self,
         body: Mapping[str, Any],
-        pipeline: ExactlyOncePipeline,
+        kept: Kept,
         memory: HealthMemory,
         pod: dict[str, Any] | None,
     ) -> Health | str:
@@ -209,11 +217,11 @@ class HealthMonitor:
         ``pod`` is the driver pod as the watch last saw it (None: there is none).  The
         reason offsets are unreadable is for ``status.progress.message``.
         """
-        client, meta = self.context.client, pipeline.metadata
+        client, pipeline, group = self.context.client, kept.pipeline, kept.identity.progress_group
+        meta = pipeline.metadata
         try:
-            group = resolve_identity(pipeline).progress_group
             reading = await read_progress(client, pipeline, group)
-        except (ProgressUnavailable, IdentityChanged) as exc:
+        except ProgressUnavailable as exc:
             return str(exc)
         memory.history = remember(memory.history, reading)
         pod_name = driver_pod_name(pipeline)
@@ -245,7 +253,7 @@ class HealthMonitor:
         return health
 
     async def keep_alive_without_driver(
-        self, pipeline: ExactlyOncePipeline, memory: HealthMemory, pod: dict[str, Any] | None
+        self, kept: Kept, memory: HealthMemory, pod: dict[str, Any] | None
     ) -> str | None:
         """Refresh a pipeline's progress group when due, if no container of its driver runs.
 
@@ -256,8 +264,8 @@ class HealthMonitor:
         if driver_runs(pod):
             return None  # its runner keeps G alive (a stopping one may still commit)
         try:
-            access = await kafka_access(self.context.client, pipeline)
-            await keep_progress_alive(access, pipeline, memory.refresh)
-        except (ProgressUnavailable, IdentityChanged) as exc:
+            access = await kafka_access(self.context.client, kept.pipeline)
+            await keep_progress_alive(access, kept.pipeline, kept.identity, memory.refresh)
+        except ProgressUnavailable as exc:
             return str(exc)
         return None

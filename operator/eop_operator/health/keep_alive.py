@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eop_operator.api.models import ExactlyOncePipeline
-from eop_operator.api.resolve import resolve_identity
+from eop_operator.api.resolve import Identity
 from eop_operator.health.progress import (
     DEFAULT_TIMEOUT_S,
     KafkaAccess,
@@ -89,14 +89,18 @@ class RefreshSchedule:
 
 
 def refresh_suspended_progress(
-    access: KafkaAccess, pipeline: ExactlyOncePipeline, *, timeout: float = DEFAULT_TIMEOUT_S
+    access: KafkaAccess,
+    pipeline: ExactlyOncePipeline,
+    identity: Identity,
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
 ) -> Offsets:
-    """Re-commit the progress group of ``pipeline`` (blocking); return what was re-committed.
+    """Re-commit the progress group of ``pipeline`` (blocking), which runs as ``identity``;
+    return what was re-committed.
 
     Call it only while no driver of the pipeline runs (see the module docstring).
     Raises :class:`ProgressUnavailable` with a message safe for the status.
     """
-    identity = resolve_identity(pipeline)
     group = identity.progress_group
     source = read_watermarks(access, pipeline, group, timeout=timeout)
     names = group_names(access, group, source.cluster_id, timeout=timeout)
@@ -126,9 +130,13 @@ def keep_lag_view(access: KafkaAccess, group: str, offsets: Offsets) -> None:
 
 
 async def keep_progress_alive(
-    access: KafkaAccess, pipeline: ExactlyOncePipeline, schedule: RefreshSchedule
+    access: KafkaAccess,
+    pipeline: ExactlyOncePipeline,
+    identity: Identity,
+    schedule: RefreshSchedule,
 ) -> Offsets | None:
-    """Refresh ``pipeline``'s progress group when ``schedule`` says so; None when not due.
+    """Refresh ``pipeline``'s progress group (it runs as ``identity``) when ``schedule`` says
+    so; None when not due.
 
     The sink cluster's retention is asked once per schedule (the first time).
     """
@@ -136,7 +144,7 @@ async def keep_progress_alive(
         schedule.interval_s = await asyncio.to_thread(refresh_interval, access.sink)
     if not schedule.due(time.time()):
         return None
-    refreshed = await asyncio.to_thread(refresh_suspended_progress, access, pipeline)
+    refreshed = await asyncio.to_thread(refresh_suspended_progress, access, pipeline, identity)
     schedule.refreshed_at = time.time()
     log.info(
         "pipeline %s without a running driver: progress of %d partitions refreshed",

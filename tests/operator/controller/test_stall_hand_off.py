@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 
-from eop_operator.api.load import load_pipeline
 from eop_operator.controller import health_monitor
 from eop_operator.controller.context import Context, OperatorOptions
-from eop_operator.controller.health_monitor import HealthMemory, HealthMonitor
+from eop_operator.controller.health_monitor import HealthMemory, HealthMonitor, kept_pipeline
 from eop_operator.controller.lifecycle import Lifecycle
 from eop_operator.controller.stall_reports import StallReports
 from eop_operator.health.stall import PartitionOffsets, Reading
@@ -58,7 +57,8 @@ def _checks(
     """Two checks of a driver Ready since ``ready_since`` (restarted for a stall at
     ``restarted_at``, if given): input waits, G stands still from ``at - 100`` to ``at``."""
     manifest["spec"].setdefault("health", {})["stallTimeout"] = STALL_TIMEOUT
-    pipeline = load_pipeline(manifest)
+    kept = kept_pipeline(manifest)
+    assert kept is not None
     readings = iter(
         Reading(at=t, partitions=(PartitionOffsets("raw", 0, 5, end=9, start=0),))
         for t in (at - 100, at)
@@ -75,7 +75,7 @@ def _checks(
 
     async def run() -> None:
         for _ in range(2):
-            await monitor.check_lag(manifest, pipeline, memory, pod)
+            await monitor.check_lag(manifest, kept, memory, pod)
 
     asyncio.run(run())
     return context.stalls

@@ -22,6 +22,7 @@ from eop_operator.api.models import (
     Phase,
     PipelineStatus,
 )
+from eop_operator.api.resolve import resolve_identity
 from eop_operator.api.status_patch import (
     DecisionRecord,
     HealthPatch,
@@ -30,7 +31,7 @@ from eop_operator.api.status_patch import (
 )
 from eop_operator.controller import health_monitor
 from eop_operator.controller.context import Context, OperatorOptions
-from eop_operator.controller.health_monitor import HealthMemory, HealthMonitor
+from eop_operator.controller.health_monitor import HealthMemory, HealthMonitor, Kept
 from eop_operator.health.stall import PartitionOffsets, Reading
 from tests.operator.merge_patch import merged
 
@@ -126,7 +127,11 @@ def test_a_health_check_writes_only_the_lag_and_progress(
     monkeypatch.setattr(health_monitor, "read_progress", read_progress)
     client = _RecordingClient()
     monitor = HealthMonitor(Context.of(OperatorOptions(), client))  # type: ignore[arg-type]
-    asyncio.run(monitor.check_lag(manifest, pipeline, HealthMemory(), None))
+    asyncio.run(
+        monitor.check_lag(
+            manifest, Kept(pipeline, resolve_identity(pipeline), False), HealthMemory(), None
+        )
+    )
     (sent,) = client.status_patches
     assert set(sent) == {"lag", "progress"}
     assert sent["lag"] == 4 and sent["progress"]["heldPartitions"] == {"raw": [0]}

@@ -563,7 +563,8 @@ def test_a_refused_spec_keeps_the_progress_of_the_spec_that_last_ran(
     async def access(_client: Any, pipeline: Any) -> str:
         return "access"
 
-    async def keep(_access: Any, pipeline: Any, schedule: Any) -> None:
+    async def keep(_access: Any, pipeline: Any, identity: Any, schedule: Any) -> None:
+        assert identity.transactional_id_prefix == pipeline.spec.transactions.id_prefix
         kept.append(pipeline)
 
     async def no_lag_check(*_: Any) -> Reading:

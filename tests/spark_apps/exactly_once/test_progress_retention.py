@@ -30,6 +30,7 @@ from devenv.kafka_cluster import KafkaCluster
 from devenv.runners import Pipeline, Runner, produce
 from eop_operator.api.load import load_pipeline
 from eop_operator.api.models import ExactlyOncePipeline
+from eop_operator.api.resolve import resolve_identity
 from eop_operator.health.keep_alive import refresh_suspended_progress
 from eop_operator.health.progress import KafkaAccess, read_offsets
 from tests.plugins.kafka import SHORT_RETENTION_S
@@ -101,7 +102,8 @@ class Refresher(threading.Thread):
     def run(self) -> None:
         while not self.stopped.is_set():
             for access, pipeline in self.pipelines:
-                self.refreshed.append(len(refresh_suspended_progress(access, pipeline)))
+                identity = resolve_identity(pipeline)
+                self.refreshed.append(len(refresh_suspended_progress(access, pipeline, identity)))
             self.stopped.wait(RETENTION_S / 4)
 
     def stop(self) -> None:
