@@ -54,7 +54,7 @@ from eop_operator.reconcile.decision import (
 from eop_operator.reconcile.failover import parse_stamp
 from eop_operator.reconcile.observe import ClaimState, DriverState
 from eop_operator.reconcile.status import STALLED
-from eop_operator.reconcile.step_plan import Applied, StepInput, plan_step
+from eop_operator.reconcile.step_plan import Applied, StepInput, plan_step, upgrade_after
 from eop_operator.reconcile.upgrade import decide, holds_restart_slot, spec_fingerprint
 from eop_operator.render import RenderedPipeline
 from eop_operator.render.naming import (
@@ -185,8 +185,7 @@ async def take_step(
             rendered_by=OPERATOR_VERSION,
         )
     )
-    record = decision.record
-    wal = record.upgrade if "upgrade" in record.model_fields_set else status.upgrade
+    wal = upgrade_after(decision, status)
     # Taken (or given back) before the first await: no other step takes the same slot.
     slots.update(
         key, holds=holds_restart_slot(wal, pipeline.spec.upgrade, now), waits=decision.hold

@@ -133,8 +133,9 @@ class StepPlan:
     heal_in: float = math.inf
 
 
-def _upgrade_in_flight(decision: Decision, status: PipelineStatus) -> UpgradeStatus | None:
-    """The write-ahead log after the decision: what it records, else what is stored."""
+def upgrade_after(decision: Decision, status: PipelineStatus) -> UpgradeStatus | None:
+    """The upgrade in flight after the decision (the write-ahead log): what the decision
+    records, else what is stored."""
     record = decision.record
     return record.upgrade if "upgrade" in record.model_fields_set else status.upgrade
 
@@ -144,7 +145,7 @@ def restart_for(stall: Stall | None, decision: Decision, status: PipelineStatus)
     driver itself this step (an apply, a stop) or has an upgrade in flight."""
     if stall is None or decision.action is not Action.WAIT:
         return None
-    if _upgrade_in_flight(decision, status) is not None:
+    if upgrade_after(decision, status) is not None:
         return None
     message = (
         f"the progress group has not advanced for {stall.idle_seconds:.0f}s "
@@ -160,7 +161,7 @@ def heals(decision: Decision, status: PipelineStatus, claim: ClaimState) -> bool
     Never while an old driver stops (its StatefulSet must keep zero replicas), while a
     restart waits for its slot, before anything ran, or while the claim is being deleted.
     """
-    wal = _upgrade_in_flight(decision, status)
+    wal = upgrade_after(decision, status)
     return (
         decision.action is Action.WAIT
         and not decision.hold
