@@ -297,8 +297,7 @@ def main() -> None:
 def _run(cp: ControlPlane, options: Options, tmp: Path, audit: Path | None) -> None:
     """The phases on a started control plane; print the figures."""
     n = options.pipelines
-    cp.kubectl("apply", "--server-side", "-f", str(CRD), check=True)
-    cp.kubectl("wait", "--for=condition=Established", "crd/exactlyoncepipelines.exactlyonce.io")
+    cp.install_crd(CRD)
     for ns in ("one-by-one", "burst"):
         cp.kubectl("create", "namespace", ns, check=True)
     statefulsets = Watcher(cp, "/apis/apps/v1/statefulsets", {"exists": lambda o: True})

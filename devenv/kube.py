@@ -408,6 +408,29 @@ class ControlPlane(Service):
             timeout=timeout,
         )
 
+    def install_crd(self, path: Path, timeout: float = 60.0) -> None:
+        """Apply the CRD in ``path`` (server-side: a copy a chart installed is taken over) and
+        wait until it is Established.
+
+        The wait reads the condition again and again rather than watching it: a watch the
+        API server closes early (as a just-started one may) would end ``kubectl wait``.
+        """
+        applied = self.kubectl(
+            "apply", "--server-side", "--force-conflicts", "-f", str(path), "-o", "name"
+        )
+        if applied.returncode != 0:
+            raise ControlPlaneError(f"kubectl apply -f {path}: {applied.stderr.strip()}")
+        name = applied.stdout.strip()  # customresourcedefinition.apiextensions.k8s.io/NAME
+        query = '{.status.conditions[?(@.type=="Established")].status}'
+        deadline, last = time.monotonic() + timeout, ""
+        while time.monotonic() < deadline:
+            found = self.kubectl("get", name, "-o", f"jsonpath={query}")
+            if found.returncode == 0 and found.stdout.strip() == "True":
+                return
+            last = (found.stdout + found.stderr).strip()
+            time.sleep(0.2)
+        raise ControlPlaneError(f"{name} not Established after {timeout:.0f}s: {last!r}")
+
     def helm(
         self,
         *args: str,

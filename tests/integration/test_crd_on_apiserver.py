@@ -677,14 +677,7 @@ def near_misses() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def crd_installed(control_plane: ControlPlane) -> ControlPlane:
-    control_plane.kubectl("apply", "--server-side", "-f", str(CRD), check=True)
-    control_plane.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd/exactlyoncepipelines.exactlyonce.io",
-        "--timeout=60s",
-        check=True,
-    )
+    control_plane.install_crd(CRD)
     return control_plane
 
 

@@ -111,13 +111,7 @@ class PodWatch:
 @pytest.fixture(scope="module")
 def crd(control_plane: ControlPlane) -> None:
     """The generated CRD (server-side, so a chart-installed copy is simply taken over)."""
-    control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD), check=True)
-    control_plane.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd/exactlyoncepipelines.exactlyonce.io",
-        check=True,
-    )
+    control_plane.install_crd(CRD)
 
 
 @pytest.fixture

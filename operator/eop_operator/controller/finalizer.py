@@ -16,11 +16,18 @@ from eop_operator.api.load import plain
 from eop_operator.controller.context import Context
 from eop_operator.kube.client import KubeError
 from eop_operator.kube.events import post_event
-from eop_operator.reconcile.deletion import UNREAD, job_refused, plan_deletion, release_patch
+from eop_operator.reconcile.deletion import (
+    UNREAD,
+    claim_gone,
+    job_refused,
+    plan_deletion,
+    release_patch,
+)
 
 #: Reads and patches of a retained claim that changes meanwhile (HTTP 409) before giving up.
 RELEASE_ATTEMPTS = 5
 HTTP_CONFLICT = 409
+HTTP_NOT_FOUND = 404
 
 
 async def honour_retention(context: Context, body: Mapping[str, Any]) -> None:
@@ -32,9 +39,11 @@ async def honour_retention(context: Context, body: Mapping[str, Any]) -> None:
     if plan.read_job is not None:
         job = await client.get("batch/v1", "Job", namespace, plan.read_job)
         plan = plan_deletion(raw, job, default_image=image, pod_policy=policy)
-    if plan.release_claim is not None:
-        await _release(context, namespace, plan.release_claim, str(body["metadata"].get("uid")))
     events, again_in = plan.events, plan.again_in
+    if plan.release_claim is not None:
+        uid = str(body["metadata"].get("uid"))
+        if not await _release(context, namespace, plan.release_claim, uid):
+            events = (claim_gone(plan.release_claim),)
     if plan.create_job is not None:
         try:
             await client.create(plan.create_job)
@@ -49,20 +58,26 @@ async def honour_retention(context: Context, body: Mapping[str, Any]) -> None:
         raise kopf.TemporaryError(plan.held_for, delay=again_in)
 
 
-async def _release(context: Context, namespace: str, claim: str, pipeline_uid: str) -> None:
+async def _release(context: Context, namespace: str, claim: str, pipeline_uid: str) -> bool:
     """Remove the pipeline's owner reference from its retained claim: without it the garbage
-    collector leaves the claim alone."""
+    collector leaves the claim alone. False: the claim is gone (deleted with its namespace,
+    or by hand), nothing to release."""
     client = context.client
     for attempt in range(1, RELEASE_ATTEMPTS + 1):
         found = await client.get("v1", "PersistentVolumeClaim", namespace, claim)
-        patch = None if found is None else release_patch(found, pipeline_uid)
+        if found is None:
+            return False
+        patch = release_patch(found, pipeline_uid)
         if patch is None:
-            return
+            return True
         try:
             await client.patch("v1", "PersistentVolumeClaim", namespace, claim, patch)
-            return
+            return True
         except KubeError as exc:
+            if exc.status == HTTP_NOT_FOUND:  # deleted since it was read
+                return False
             # The claim changed since it was read (its protection finalizer, a namespace
             # being deleted): read it again now, not at kopf's next try a minute later.
             if exc.status != HTTP_CONFLICT or attempt == RELEASE_ATTEMPTS:
                 raise
+    return True  # unreachable: the last attempt returns or raises

@@ -109,6 +109,13 @@ def _kept(reason: str, message: str, warning: bool = True) -> DeletionPlan:
     return DeletionPlan(events=(Event(type=kind, reason=reason, message=message),))
 
 
+def claim_gone(claim: str) -> Event:
+    """The event of a retained claim found gone (deleted with its namespace, or by hand)
+    before the pipeline's reference to it was released: nothing is left to keep."""
+    message = f"claim {claim} was deleted before the pipeline (with its namespace, or by hand)"
+    return Event(type="Normal", reason="CheckpointGone", message=message)
+
+
 def job_refused(checkpoint: str, error: str) -> Event:
     """The event of a deletion Job the API server refused for good (a namespace being
     deleted, the operator's rights in it gone): the checkpoint stays, the pipeline goes."""

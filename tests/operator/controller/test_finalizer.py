@@ -123,3 +123,28 @@ def test_a_retained_claim_that_changes_meanwhile_is_released_at_once(
     assert claim["metadata"]["ownerReferences"] is None
     (event,) = cluster.events
     assert event["reason"] == "CheckpointRetained"
+
+
+class _DeletedClaim(_Cluster):
+    """A retained claim that the namespace controller deletes between its read and the
+    finalizer's patch."""
+
+    async def patch(self, api_version: str, kind: str, namespace: str, name: str, _: Any) -> Any:
+        del self.objects[(kind, name)]
+        raise KubeError(404, f'{kind.lower()}s "{name}" not found')
+
+
+@pytest.mark.parametrize("gone", ["before its read", "between its read and the patch"])
+def test_a_retained_claim_deleted_with_its_namespace_lets_the_pipeline_go_at_once(
+    manifest: dict[str, Any], gone: str
+) -> None:
+    """A namespace being deleted takes the claim too: nothing is left to release, and the
+    pipeline must not wait for kopf's next try a minute later (its namespace would)."""
+    name, uid = manifest["metadata"]["name"], "uid-1"
+    body = {**manifest, "metadata": {**manifest["metadata"], "namespace": "ns", "uid": uid}}
+    claim = {"metadata": {"ownerReferences": [{"uid": uid}], "resourceVersion": "7"}}
+    ref = ("PersistentVolumeClaim", f"{name}-checkpoint")
+    cluster = _DeletedClaim({} if gone == "before its read" else {ref: claim})
+    _finalize(cluster, body)  # returns: kopf removes the finalizer
+    (event,) = cluster.events
+    assert event["reason"] == "CheckpointGone" and f"{name}-checkpoint" in event["message"]
