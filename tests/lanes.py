@@ -2,12 +2,11 @@
 
 Each lane (:data:`tests.plugins.lifetimes.LANES`, chosen per test module by
 :func:`~tests.plugins.lifetimes.lane_of`) is a pytest process of its own with its own
-components: one runs the tests of the control plane alone and the local clusters, one those
-that break brokers or runners for minutes (the replicated Kafka clusters, the chaos runs) and
-those of the control plane with a broker, one the rest (one broker, Spark, the object store).
-A test's JVMs and components leave some of 2 cores idle while it waits (on a pod to start, a
-coordinator to move, a timeout to pass), so the lanes together take far less than one after
-the other.
+components: one runs the tests of the control plane and the local clusters, one those that
+break brokers or runners for minutes (the replicated Kafka clusters, the chaos runs), one
+the rest (one broker, Spark, the object store). A test's JVMs and components leave some of
+2 cores idle while it waits (on a pod to start, a coordinator to move, a timeout to pass),
+so the lanes together take far less than one after the other.
 
 Each lane's output goes to ``.eop/suite/<lane>.log``, and to the terminal line by line with
 the lane's name in front; each lane's own summary (failures, its suite clock) is printed

@@ -235,7 +235,7 @@ _FAULTS = """
 import os, time
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.kafka]
+pytestmark = pytest.mark.slow
 
 def test_for_minutes():
     open(f"faults-{os.getpid()}", "w").write(str(time.time()))
@@ -251,7 +251,7 @@ def test_lanes_run_side_by_side_each_its_modules_and_a_failure_in_one_fails_the_
 ) -> None:
 
     pytester.makeconftest(_LANES_CONFTEST)
-    pytester.makeini("[pytest]\nmarkers =\n    slow: long\n    kafka: a broker")
+    pytester.makeini("[pytest]\nmarkers =\n    slow: long")
     pytester.makepyfile(test_cluster_side=_LANED, test_data_side=_DATA, test_faults_side=_FAULTS)
     monkeypatch.setenv("PYTHONPATH", str(pytestconfig.rootpath))
     monkeypatch.setenv("OVERLAP_S", "1.5")  # each lane's test lasts long enough to overlap

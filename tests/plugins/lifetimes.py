@@ -7,10 +7,9 @@
   need no component report first, and every component's users run one after the other.
 * **Lanes.** ``python -m tests.lanes`` (what ``make test`` runs) runs the suite as three
   pytest processes side by side, each with components of its own (:func:`lane_of`): the
-  tests that need a control plane alone or a local cluster in one; those that break brokers
-  or runners for minutes (the replicated Kafka clusters' users, the chaos runs) and those of
-  the control plane with a broker in another; the rest (one broker, Spark, the object store)
-  in the third. ``--lane NAME`` selects one.
+  tests that need a control plane or a local cluster in one, those that break brokers or
+  runners for minutes (the replicated Kafka clusters' users, the chaos runs) in another,
+  the rest (one broker, Spark, the object store) in the third. ``--lane NAME`` selects one.
 * **Release.** Once the last test of the run that uses one of :data:`COMPONENTS` (requests
   its fixture, or carries a marker of its name, as a parameter that runs on ``field_broker``
   does) has finished, that fixture is torn down (the component stops) instead of idling until
@@ -105,18 +104,16 @@ def _module_marks(item: pytest.Item) -> set[str]:
 
 
 def lane_of(module: list[pytest.Item]) -> str:
-    """The lane a test module runs in: ``cluster`` for the stages of the control plane alone
-    and of the local clusters; ``faults`` for the users of :data:`REPLICATED`, the modules on
-    Kafka that are ``slow`` as a whole (chaos runs, broker faults: minutes of kills, restarts
-    and waits each) and the stage of the control plane with a broker (the operator's checks
-    against Kafka: that lane has a broker anyway, and the cluster lane was the longest);
-    ``data`` for the rest. The three take about as long; a test module stays in one lane, for
-    its module-scoped fixtures."""
+    """The lane a test module runs in: ``cluster`` for the control plane's and the local
+    clusters' stages; ``faults`` for the users of :data:`REPLICATED` and the modules that are
+    ``slow`` as a whole (chaos runs, broker faults: minutes of kills, restarts and waits
+    each); ``data`` for the rest. The three take about as long; a test module stays in one
+    lane, for its module-scoped fixtures."""
     fixtures = {name for item in module for name in getattr(item, "fixturenames", ())}
     stage = max(stage_of(item) for item in module)
-    if stage in (1, 4, 5):
+    if stage in (1, 2, 4, 5):
         return "cluster"
-    if stage == 2 or REPLICATED & fixtures or {"slow", "kafka"} <= _module_marks(module[0]):
+    if REPLICATED & fixtures or "slow" in _module_marks(module[0]):
         return "faults"
     return "data"
 
