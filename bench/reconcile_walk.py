@@ -9,9 +9,9 @@ answers every request, with a profiler on, and prints, for the operator's own co
 * stops: the moves from one file to another, call by call;
 * returns: the moves back into a file the walk had already left.
 
-The same command on another checkout of the tree measures it before and after a change:
-what a newcomer must read to follow one step.  Pure Python, no component started; a
-second or so.
+Run with another checkout's ``operator`` and ``spark_apps`` first on ``PYTHONPATH``, it
+measures that tree: before and after a change, what a newcomer must read to follow one
+step.  Pure Python, no component started; a second or so.
 """
 
 from __future__ import annotations
@@ -26,23 +26,18 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import yaml
+
 from eop_operator.controller import lifecycle as lifecycle_module
 from eop_operator.controller.context import Context, OperatorOptions
 from eop_operator.controller.lifecycle import Lifecycle
 from eop_operator.kube.observed import Observed, OwnWrites
 from eop_operator.render import render_pipeline
 
-#: The pipeline of the walk: the README's shape, nothing observed yet.
-PIPELINE: dict[str, Any] = {
-    "apiVersion": "exactlyonce.io/v1alpha1",
-    "kind": "ExactlyOncePipeline",
-    "metadata": {"name": "clean", "namespace": "ads", "uid": "uid-1", "generation": 1},
-    "spec": {
-        "source": {"kafka": {"bootstrapServers": "kafka:9092", "topics": ["raw"]}},
-        "transform": {"sql": "SELECT key, value FROM source WHERE value IS NOT NULL"},
-        "sink": {"kafka": {"bootstrapServers": "kafka:9092", "topic": "clean"}},
-    },
-}
+#: The pipeline of the walk: the first example pipeline, nothing observed of it yet.
+EXAMPLE = (
+    Path(__file__).resolve().parent.parent / "spark_apps/eop_spark/examples/impressions-clean.yaml"
+)
 #: The package whose files count.
 OWN = "eop_operator"
 
@@ -85,8 +80,11 @@ def walk() -> list[tuple[str, str]]:
             if own is not None:
                 calls.append((own, frame.f_code.co_name))
 
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["metadata"].update(uid="uid-1", generation=1)
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
     lifecycle = Lifecycle(Context.of(OperatorOptions(), _Answering()))  # type: ignore[arg-type]
-    observed = Observed(pipelines={("ads", "clean"): [PIPELINE]}, children={}, own=OwnWrites())
+    observed = Observed(pipelines={key: [body]}, children={}, own=OwnWrites())
 
     def render(pipeline: Any, identity: Any, generation: int, reset: bool) -> Any:
         return render_pipeline(
@@ -97,7 +95,7 @@ def walk() -> list[tuple[str, str]]:
         steps, lifecycle_module.MAX_STEPS = lifecycle_module.MAX_STEPS, 1  # one step
         sys.setprofile(profile)
         try:
-            await lifecycle.drive(observed, ("ads", "clean"), render)
+            await lifecycle.drive(observed, key, render)
         finally:
             sys.setprofile(None)
             lifecycle_module.MAX_STEPS = steps
