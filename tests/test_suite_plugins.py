@@ -293,12 +293,25 @@ def test_after():
 """
 
 
-def _stop_lanes(pytester: pytest.Pytester, pytestconfig: pytest.Config) -> float:
+#: The lanes' stop escalation for a lane that ignores SIGINT: the suite's own, a tenth as long.
+QUICK_ESCALATION = tuple((after / 10, signum) for after, signum in lanes.ESCALATION)
+
+
+def _stop_lanes(
+    pytester: pytest.Pytester,
+    pytestconfig: pytest.Config,
+    escalation: tuple[tuple[float, int], ...] = lanes.ESCALATION,
+) -> float:
     """Run the lanes as a background job of a non-interactive shell would (SIGINT ignored),
-    SIGTERM them once the test ``started``; the seconds until they all ended (failed)."""
+    with ``escalation``, SIGTERM them once the test ``started``; the seconds until they all
+    ended (failed)."""
     env = {**os.environ, "PYTHONPATH": str(pytestconfig.rootpath)}
     root = str(pytester.path)
-    main = f"from tests import lanes; raise SystemExit(lanes.main(['-q'], root=Path({root!r})))"
+    steps = ", ".join(f"({after}, {int(signum)})" for after, signum in escalation)
+    main = (
+        f"from tests import lanes; lanes.ESCALATION = ({steps},); "
+        f"raise SystemExit(lanes.main(['-q'], root=Path({root!r})))"
+    )
     run = subprocess.Popen(
         [sys.executable, "-c", "from pathlib import Path\n" + main],
         cwd=pytester.path,
@@ -348,6 +361,6 @@ def test_a_lane_that_does_not_stop_at_sigint_is_terminated_after_a_grace(
     ``ESCALATION``'s first grace (and SIGKILL after the second)."""
     pytester.makeconftest(_LANES_CONFTEST)
     pytester.makepyfile(test_deaf=_DEAF)
-    took = _stop_lanes(pytester, pytestconfig)
-    first, second = (after for after, _ in lanes.ESCALATION)
+    took = _stop_lanes(pytester, pytestconfig, QUICK_ESCALATION)
+    first, second = (after for after, _ in QUICK_ESCALATION)
     assert first <= took < second + 10
