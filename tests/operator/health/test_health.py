@@ -9,12 +9,11 @@ import asyncio
 import base64
 import time
 import urllib.error
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devenv.certs import make_certs, strimzi_user_secret_data
+from devenv.certs import Certs, strimzi_user_secret_data
 from eop_operator import metrics
 from eop_operator.api.load import load_pipeline
 from eop_operator.api.status_patch import merge_patch
@@ -293,9 +292,9 @@ def tls_pipeline(secret: str) -> Any:
 
 
 def test_a_strimzi_user_secret_with_binary_pkcs12_gives_the_health_check_its_tls(
-    tmp_path: Path,
+    kafka_tls_certs: Certs,
 ) -> None:
-    certs = make_certs(tmp_path)
+    certs = kafka_tls_certs
     api = SecretsApi("kafka-user", strimzi_user_secret_data(certs))
     access = asyncio.run(kafka_access(api, tls_pipeline("kafka-user")))  # type: ignore[arg-type]
     for config in (access.source, access.sink):
@@ -304,8 +303,10 @@ def test_a_strimzi_user_secret_with_binary_pkcs12_gives_the_health_check_its_tls
         assert "user.p12" not in config
 
 
-def test_a_binary_value_the_health_check_needs_is_a_status_message(tmp_path: Path) -> None:
-    data = strimzi_user_secret_data(make_certs(tmp_path))
+def test_a_binary_value_the_health_check_needs_is_a_status_message(
+    kafka_tls_certs: Certs,
+) -> None:
+    data = strimzi_user_secret_data(kafka_tls_certs)
     data["user.key"] = data["user.p12"]  # DER where PEM belongs
     api = SecretsApi("kafka-user", data)
     with pytest.raises(ProgressUnavailable, match=r"key user\.key of Secret kafka-user .*UTF-8"):

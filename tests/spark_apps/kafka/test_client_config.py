@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from devenv.certs import VALID_DAYS, make_certs, strimzi_user_secret_data
+from devenv.certs import VALID_DAYS, Certs, strimzi_user_secret_data
 from eop_spark.contract.errors import ConfigError
 from eop_spark.contract.run_config import RunConfig
 from eop_spark.exactly_once.progress_group import consumer_config
@@ -301,8 +301,10 @@ def test_a_strimzi_user_secret_is_the_tls_material_of_every_client(tmp_path: Pat
     assert not any(k.startswith(("kafka.ssl.ca.", "kafka.ssl.key.pem")) for k in options)
 
 
-def test_a_strimzi_secret_with_its_binary_pkcs12_mounts_as_tls_material(tmp_path: Path) -> None:
-    certs = make_certs(tmp_path / "certs")
+def test_a_strimzi_secret_with_its_binary_pkcs12_mounts_as_tls_material(
+    tmp_path: Path, kafka_tls_certs: Certs
+) -> None:
+    certs = kafka_tls_certs
     data = strimzi_user_secret_data(certs)
     data["ca.p12"] = data["user.p12"]  # Strimzi's cluster CA Secret holds one too
     root = secret_dir(tmp_path / "s", **data)
@@ -326,8 +328,10 @@ def test_a_strimzi_secret_with_its_binary_pkcs12_mounts_as_tls_material(tmp_path
     assert java_client_properties(sink_java_config(config))["ssl.keystore.key"] == pem["user.key"]
 
 
-def test_a_binary_value_eop_needs_is_an_error_naming_key_and_secret(tmp_path: Path) -> None:
-    certs = make_certs(tmp_path / "certs")
+def test_a_binary_value_eop_needs_is_an_error_naming_key_and_secret(
+    tmp_path: Path, kafka_tls_certs: Certs
+) -> None:
+    certs = kafka_tls_certs
     # A key eop reads (user.key) holding binary DER instead of PEM.
     root = secret_dir(tmp_path / "s", **{"user.key": strimzi_user_secret_data(certs)["user.p12"]})
     sink = {"bootstrapServers": "h:1", "topic": "out", "secretRef": {"name": "kafka-user"}}
@@ -360,9 +364,9 @@ def test_librdkafka_tls_settings_become_the_java_clients_pem_stores(tmp_path: Pa
     assert none == {"ssl.endpoint.identification.algorithm": ""}
 
 
-def test_a_client_certificates_expiry_is_read_from_its_pem(tmp_path: Path) -> None:
+def test_a_client_certificates_expiry_is_read_from_its_pem(kafka_tls_certs: Certs) -> None:
     """What names an expired client certificate in the runner's failure line."""
-    certs = make_certs(tmp_path)
+    certs = kafka_tls_certs
     now = datetime.now(UTC)
     valid = certificate_not_after(certs.text("user.crt"))
     expired = certificate_not_after(certs.text("expired.crt"))
