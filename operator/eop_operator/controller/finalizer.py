@@ -14,7 +14,7 @@ import kopf
 
 from eop_operator.api.load import plain
 from eop_operator.controller.context import Context
-from eop_operator.kube.client import KubeError
+from eop_operator.kube.client import KubeClient, KubeError
 from eop_operator.kube.events import post_event
 from eop_operator.reconcile.deletion import (
     UNREAD,
@@ -63,21 +63,29 @@ async def _release(context: Context, namespace: str, claim: str, pipeline_uid: s
     collector leaves the claim alone. False: the claim is gone (deleted with its namespace,
     or by hand), nothing to release."""
     client = context.client
-    for attempt in range(1, RELEASE_ATTEMPTS + 1):
-        found = await client.get("v1", "PersistentVolumeClaim", namespace, claim)
-        if found is None:
-            return False
-        patch = release_patch(found, pipeline_uid)
-        if patch is None:
-            return True
+    for _ in range(RELEASE_ATTEMPTS - 1):
         try:
-            await client.patch("v1", "PersistentVolumeClaim", namespace, claim, patch)
-            return True
+            return await _release_once(client, namespace, claim, pipeline_uid)
         except KubeError as exc:
-            if exc.status == HTTP_NOT_FOUND:  # deleted since it was read
-                return False
             # The claim changed since it was read (its protection finalizer, a namespace
             # being deleted): read it again now, not at kopf's next try a minute later.
-            if exc.status != HTTP_CONFLICT or attempt == RELEASE_ATTEMPTS:
+            if exc.status != HTTP_CONFLICT:
                 raise
-    return True  # unreachable: the last attempt returns or raises
+    return await _release_once(client, namespace, claim, pipeline_uid)
+
+
+async def _release_once(client: KubeClient, namespace: str, claim: str, pipeline_uid: str) -> bool:
+    """One read and patch of :func:`_release` (a conflict raises)."""
+    found = await client.get("v1", "PersistentVolumeClaim", namespace, claim)
+    if found is None:
+        return False
+    patch = release_patch(found, pipeline_uid)
+    if patch is None:
+        return True
+    try:
+        await client.patch("v1", "PersistentVolumeClaim", namespace, claim, patch)
+    except KubeError as exc:
+        if exc.status == HTTP_NOT_FOUND:  # deleted since it was read
+            return False
+        raise
+    return True

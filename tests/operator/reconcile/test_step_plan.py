@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -163,8 +163,7 @@ def _plan_edited(name: str, **changes: Any) -> StepPlan:
     live[name] = copy.deepcopy(live[name])
     live[name]["metadata"]["resourceVersion"] = "8"
     children = {child_ref(o): o for o in live.values()}
-    step = StepInput(**{**step.__dict__, "children": children, "statefulset": live["p-driver"]})
-    return plan_step(step)
+    return plan_step(replace(step, children=children, statefulset=live["p-driver"]))
 
 
 @pytest.mark.parametrize(
